@@ -1,0 +1,78 @@
+//! The request body on its way upstream, read in passing for the request's `model`.
+//!
+//! [`ModelSniffBody`] forwards every frame unchanged and at once; it only shows the bytes to a
+//! [`ModelScanner`] until the scanner has found the top-level `model` or given up, then it is a
+//! plain pass-through. Forwarding never waits for the scanner.
+
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+
+use crate::recorder::ModelSlot;
+use crate::request_model::{ModelScanner, Scan};
+
+/// How far into a request body the scanner looks for `model` before giving up. Clients put the
+/// model after the messages (Python's openai SDK does), so this must cover long prompts.
+pub const MODEL_LOOKAHEAD_BYTES: usize = 8 << 20;
+
+pin_project! {
+    /// A request body that reports its `model` to the request's recorder.
+    pub struct ModelSniffBody<B> {
+        #[pin]
+        inner: B,
+        scanner: Option<ModelScanner>,
+        slot: ModelSlot,
+    }
+}
+
+impl<B> ModelSniffBody<B> {
+    pub fn new(inner: B, slot: ModelSlot) -> Self {
+        ModelSniffBody {
+            inner,
+            scanner: Some(ModelScanner::new(MODEL_LOOKAHEAD_BYTES)),
+            slot,
+        }
+    }
+}
+
+impl<B: Body<Data = Bytes>> Body for ModelSniffBody<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let this = self.project();
+        let polled = ready!(this.inner.poll_frame(cx));
+        if let Some(scanner) = this.scanner.as_mut() {
+            let scan = match &polled {
+                Some(Ok(frame)) => match frame.data_ref() {
+                    Some(data) => scanner.feed(data),
+                    None => scanner.finish(),
+                },
+                _ => scanner.finish(),
+            };
+            match scan {
+                Scan::Pending => {}
+                Scan::Found(model) => {
+                    let _ = this.slot.set(model.as_str().into());
+                    *this.scanner = None;
+                }
+                Scan::GaveUp => *this.scanner = None,
+            }
+        }
+        Poll::Ready(polled)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
