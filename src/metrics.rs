@@ -1,0 +1,348 @@
+//! The Prometheus metric families tokenmeter publishes, and the per-request handles into them.
+//!
+//! Names, labels and units follow `docs/MEASUREMENT.md`. Every label value is bounded: routes
+//! come from the configuration, models from [`ModelLabels`], outcomes and finish reasons from
+//! fixed sets. A request resolves its handles once ([`Metrics::request`]); nothing on the
+//! per-frame path looks up a label.
+
+use std::sync::{Arc, Mutex};
+
+use prometheus::{
+    exponential_buckets, Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter,
+    IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+use crate::config::Config;
+
+/// Label value for a request whose body named no model (or whose model came too late).
+pub const UNKNOWN_MODEL: &str = "unknown";
+/// Label value for models past the label limit.
+pub const OTHER_MODEL: &str = "other";
+/// How many distinct model names get a label of their own before the rest become `other`.
+pub const DEFAULT_MODEL_LABEL_LIMIT: usize = 16;
+
+/// Time to first token/byte/content: interactive thresholds sit between 100 ms and 2 s.
+const FIRST_TOKEN_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0,
+    5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0,
+];
+/// Per-token gaps: decode steps are milliseconds to tens of milliseconds; stalls are seconds.
+const TOKEN_GAP_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.075, 0.1,
+    0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
+];
+/// Whole requests: from a short answer to a long generation.
+const DURATION_BUCKETS: &[f64] = &[
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 8.0, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0,
+    180.0, 300.0, 600.0,
+];
+
+/// Every family, registered in one registry.
+pub struct Metrics {
+    registry: Registry,
+    requests: IntCounterVec,
+    ttfb: HistogramVec,
+    ttft: HistogramVec,
+    ttfc: HistogramVec,
+    tpot: HistogramVec,
+    itl: HistogramVec,
+    duration: HistogramVec,
+    output_tokens: HistogramVec,
+    output_tokens_total: IntCounterVec,
+    prompt_tokens_total: IntCounterVec,
+    finish_reasons: IntCounterVec,
+    in_flight: IntGaugeVec,
+    /// Records that could not be written because the writer fell behind.
+    pub access_log_dropped: IntCounter,
+    models: ModelLabels,
+}
+
+/// One request's handles, resolved once when its route and model are known.
+pub struct RequestMetrics {
+    pub route: Arc<str>,
+    pub model: Arc<str>,
+    pub ttfb: Histogram,
+    pub ttft: Histogram,
+    pub ttfc: Histogram,
+    pub tpot: Histogram,
+    pub itl: Histogram,
+    pub duration: Histogram,
+    pub output_tokens: Histogram,
+    pub output_tokens_total: IntCounter,
+    pub prompt_tokens_total: IntCounter,
+}
+
+/// The request's place in `tokenmeter_in_flight_requests`: it counts until dropped.
+pub struct InFlight {
+    gauge: IntGauge,
+}
+
+impl InFlight {
+    /// The route's in-flight count, this request included.
+    pub fn current(&self) -> i64 {
+        self.gauge.get()
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
+}
+
+fn histogram(name: &str, help: &str, buckets: &[f64], labels: &[&str]) -> HistogramVec {
+    HistogramVec::new(
+        HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+        labels,
+    )
+    .expect("histogram definition is valid")
+}
+
+fn counter(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    IntCounterVec::new(Opts::new(name, help), labels).expect("counter definition is valid")
+}
+
+impl Metrics {
+    /// Builds and registers every family for this configuration.
+    pub fn new(_config: &Config) -> Metrics {
+        let rm = &["route", "model"];
+        let output_token_buckets =
+            exponential_buckets(1.0, 2.0, 16).expect("token buckets are valid");
+        let m = Metrics {
+            registry: Registry::new(),
+            requests: counter(
+                "tokenmeter_requests_total",
+                "Finished requests by outcome (ok, error, client_error, cancelled).",
+                &["route", "model", "outcome"],
+            ),
+            ttfb: histogram(
+                "tokenmeter_time_to_first_byte_seconds",
+                "From the complete request head to the first response body byte handed to the client.",
+                FIRST_TOKEN_BUCKETS,
+                rm,
+            ),
+            ttft: histogram(
+                "tokenmeter_time_to_first_token_seconds",
+                "From the complete request head to the first output-bearing event handed to the client.",
+                FIRST_TOKEN_BUCKETS,
+                rm,
+            ),
+            ttfc: histogram(
+                "tokenmeter_time_to_first_content_seconds",
+                "From the complete request head to the first event with visible content (not reasoning or tool arguments).",
+                FIRST_TOKEN_BUCKETS,
+                rm,
+            ),
+            tpot: histogram(
+                "tokenmeter_time_per_output_token_seconds",
+                "Per request: (last output event - first output event) / (output tokens - 1).",
+                TOKEN_GAP_BUCKETS,
+                rm,
+            ),
+            itl: histogram(
+                "tokenmeter_inter_token_latency_seconds",
+                "Every gap between two consecutive output-bearing events, as handed to the client.",
+                TOKEN_GAP_BUCKETS,
+                rm,
+            ),
+            duration: histogram(
+                "tokenmeter_request_duration_seconds",
+                "End-to-end: from the complete request head to the end of the response body.",
+                DURATION_BUCKETS,
+                rm,
+            ),
+            output_tokens: histogram(
+                "tokenmeter_request_output_tokens",
+                "Output tokens per request (from usage when the stream reports it, else output events).",
+                &output_token_buckets,
+                rm,
+            ),
+            output_tokens_total: counter(
+                "tokenmeter_output_tokens_total",
+                "Output tokens of finished requests.",
+                rm,
+            ),
+            prompt_tokens_total: counter(
+                "tokenmeter_prompt_tokens_total",
+                "Prompt tokens of finished requests whose response reported usage.",
+                rm,
+            ),
+            finish_reasons: counter(
+                "tokenmeter_finish_reasons_total",
+                "Why generation stopped, as the server reported it.",
+                &["route", "reason"],
+            ),
+            in_flight: IntGaugeVec::new(
+                Opts::new(
+                    "tokenmeter_in_flight_requests",
+                    "Requests whose response has not ended yet.",
+                ),
+                &["route"],
+            )
+            .expect("gauge definition is valid"),
+            access_log_dropped: IntCounter::new(
+                "tokenmeter_access_log_dropped_total",
+                "Per-request records dropped because the writer could not keep up.",
+            )
+            .expect("counter definition is valid"),
+            models: ModelLabels::new(DEFAULT_MODEL_LABEL_LIMIT),
+        };
+        let build_info = IntGaugeVec::new(
+            Opts::new(
+                "tokenmeter_build_info",
+                "The running tokenmeter's version; always 1.",
+            ),
+            &["version"],
+        )
+        .expect("gauge definition is valid");
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+
+        let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
+            Box::new(m.requests.clone()),
+            Box::new(m.ttfb.clone()),
+            Box::new(m.ttft.clone()),
+            Box::new(m.ttfc.clone()),
+            Box::new(m.tpot.clone()),
+            Box::new(m.itl.clone()),
+            Box::new(m.duration.clone()),
+            Box::new(m.output_tokens.clone()),
+            Box::new(m.output_tokens_total.clone()),
+            Box::new(m.prompt_tokens_total.clone()),
+            Box::new(m.finish_reasons.clone()),
+            Box::new(m.in_flight.clone()),
+            Box::new(m.access_log_dropped.clone()),
+            Box::new(build_info),
+        ];
+        for c in collectors {
+            m.registry.register(c).expect("metric names are unique");
+        }
+        #[cfg(target_os = "linux")]
+        {
+            let process = prometheus::process_collector::ProcessCollector::for_self();
+            // Process metrics are a convenience; a platform that cannot read them keeps serving.
+            let _ = m.registry.register(Box::new(process));
+        }
+        m
+    }
+
+    /// Counts a request in flight on its route until the returned guard is dropped.
+    pub fn in_flight(&self, route: &str) -> InFlight {
+        let gauge = self.in_flight.with_label_values(&[route]);
+        gauge.inc();
+        InFlight { gauge }
+    }
+
+    /// Resolves one request's handles.
+    pub fn request(&self, route: Arc<str>, model: Option<&str>) -> RequestMetrics {
+        let model = self.models.label(model);
+        let labels = [&*route, &*model];
+        RequestMetrics {
+            ttfb: self.ttfb.with_label_values(&labels),
+            ttft: self.ttft.with_label_values(&labels),
+            ttfc: self.ttfc.with_label_values(&labels),
+            tpot: self.tpot.with_label_values(&labels),
+            itl: self.itl.with_label_values(&labels),
+            duration: self.duration.with_label_values(&labels),
+            output_tokens: self.output_tokens.with_label_values(&labels),
+            output_tokens_total: self.output_tokens_total.with_label_values(&labels),
+            prompt_tokens_total: self.prompt_tokens_total.with_label_values(&labels),
+            route,
+            model,
+        }
+    }
+
+    /// Counts a finished request by outcome.
+    pub fn count_request(&self, route: &str, model: &str, outcome: &str) {
+        self.requests
+            .with_label_values(&[route, model, outcome])
+            .inc();
+    }
+
+    /// Counts a finish reason.
+    pub fn count_finish_reason(&self, route: &str, reason: &str) {
+        self.finish_reasons
+            .with_label_values(&[route, reason])
+            .inc();
+    }
+
+    /// The Prometheus text exposition of every family.
+    pub fn render(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(16 * 1024);
+        // Encoding into a Vec cannot fail for well-formed families.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        out
+    }
+}
+
+/// Turns a client-chosen model name into a bounded label: the first `limit` distinct names get
+/// their own label, everything after is `other`, so a client's typo cannot create series forever.
+pub struct ModelLabels {
+    limit: usize,
+    seen: Mutex<Vec<Arc<str>>>,
+    unknown: Arc<str>,
+    other: Arc<str>,
+}
+
+impl ModelLabels {
+    pub fn new(limit: usize) -> Self {
+        ModelLabels {
+            limit,
+            seen: Mutex::new(Vec::new()),
+            unknown: Arc::from(UNKNOWN_MODEL),
+            other: Arc::from(OTHER_MODEL),
+        }
+    }
+
+    /// The label for a request's model; called once per request.
+    pub fn label(&self, model: Option<&str>) -> Arc<str> {
+        let Some(model) = model.filter(|m| !m.is_empty()) else {
+            return self.unknown.clone();
+        };
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(known) = seen.iter().find(|s| ***s == *model) {
+            return known.clone();
+        }
+        if seen.len() >= self.limit || model == OTHER_MODEL || model == UNKNOWN_MODEL {
+            return self.other.clone();
+        }
+        let label: Arc<str> = Arc::from(model);
+        seen.push(label.clone());
+        label
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_labels_are_bounded() {
+        let labels = ModelLabels::new(2);
+        assert_eq!(&*labels.label(Some("a")), "a");
+        assert_eq!(&*labels.label(Some("b")), "b");
+        assert_eq!(&*labels.label(Some("c")), "other");
+        assert_eq!(&*labels.label(Some("a")), "a");
+        assert_eq!(&*labels.label(None), "unknown");
+        assert_eq!(&*labels.label(Some("")), "unknown");
+    }
+
+    #[test]
+    fn exposition_names_every_family() {
+        let m = Metrics::new(&Config::default());
+        let r = m.request(Arc::from("default"), Some("llama"));
+        r.ttft.observe(0.2);
+        m.count_request("default", "llama", "ok");
+        let _g = m.in_flight("default");
+        let text = String::from_utf8(m.render()).unwrap();
+        for name in [
+            "tokenmeter_requests_total{model=\"llama\",outcome=\"ok\",route=\"default\"} 1",
+            "tokenmeter_time_to_first_token_seconds_bucket{model=\"llama\",route=\"default\",le=\"0.2\"} 1",
+            "tokenmeter_in_flight_requests{route=\"default\"} 1",
+            "tokenmeter_build_info{version=",
+        ] {
+            assert!(text.contains(name), "missing {name} in\n{text}");
+        }
+    }
+}
