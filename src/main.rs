@@ -1,0 +1,163 @@
+//! The `tokenmeter` command: run the proxy, or check a configuration.
+//!
+//! Every failure the user can fix (a bad config, a port in use) ends in one line on stderr
+//! and a non-zero exit, never a panic or a backtrace.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use tokenmeter::config::{Config, ConfigError, Upstream};
+
+#[derive(Parser)]
+#[command(
+    name = "tokenmeter",
+    version,
+    about = "A sidecar reverse proxy that measures TTFT, TPOT, ITL, E2E and goodput of an LLM server",
+    args_conflicts_with_subcommands = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Validate a configuration file and exit 0 (valid) or 2 (invalid).
+    Check {
+        #[arg(long, value_name = "FILE")]
+        config: PathBuf,
+    },
+}
+
+/// Running the proxy (the default command).
+#[derive(Args)]
+struct RunArgs {
+    /// The YAML configuration; without it the embedded defaults are used.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Where clients connect [default: 0.0.0.0:8080].
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<SocketAddr>,
+    /// The model server [default: http://127.0.0.1:8000].
+    #[arg(long, value_name = "URL", value_parser = parse_upstream)]
+    upstream: Option<Upstream>,
+    /// Where /metrics, /healthz and /readyz are served [default: 0.0.0.0:9464].
+    #[arg(long, value_name = "ADDR")]
+    admin: Option<SocketAddr>,
+}
+
+fn parse_upstream(text: &str) -> Result<Upstream, String> {
+    Upstream::parse(text)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Command::Check { config }) => check(&config),
+        None => run(cli.run),
+    }
+}
+
+fn check(path: &Path) -> ExitCode {
+    match Config::load(path) {
+        Ok(config) => {
+            println!(
+                "{}: ok (listen {}, admin {}, upstream {}, {} route(s))",
+                path.display(),
+                config.listen,
+                config.admin,
+                config.upstream,
+                config.routes.len()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(&e),
+    }
+}
+
+fn fail(error: &dyn std::fmt::Display) -> ExitCode {
+    eprintln!("tokenmeter: {error}");
+    ExitCode::from(2)
+}
+
+fn load(args: &RunArgs) -> Result<Config, ConfigError> {
+    let mut config = match &args.config {
+        Some(path) => Config::load(path)?,
+        None => Config::default(),
+    };
+    if let Some(listen) = args.listen {
+        config.listen = listen;
+    }
+    if let Some(admin) = args.admin {
+        config.admin = admin;
+    }
+    if let Some(upstream) = &args.upstream {
+        config.upstream = upstream.clone();
+    }
+    if config.listen == config.admin && config.listen.port() != 0 {
+        return Err(ConfigError {
+            origin: "the command line".into(),
+            message: format!("--admin {} is also the listen address", config.admin),
+        });
+    }
+    Ok(config)
+}
+
+fn run(args: RunArgs) -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        // Colour only for a person at a terminal; log collectors get plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let config = match load(&args) {
+        Ok(config) => config,
+        Err(e) => return fail(&e),
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(&format!("cannot start the runtime: {e}")),
+    };
+    runtime.block_on(async {
+        let running = match tokenmeter::server::start(&config).await {
+            Ok(running) => running,
+            Err(e) => return fail(&e),
+        };
+        if let Err(e) = shutdown_signal().await {
+            return fail(&format!("cannot listen for signals: {e}"));
+        }
+        tracing::info!("shutdown signal received");
+        running.shutdown();
+        running.wait().await;
+        ExitCode::SUCCESS
+    })
+}
+
+/// Resolves on SIGTERM (Kubernetes stopping the pod) or SIGINT (Ctrl-C).
+async fn shutdown_signal() -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        Ok(())
+    }
+    #[cfg(not(unix))]
+    {
+        tokio::signal::ctrl_c().await
+    }
+}

@@ -1,0 +1,87 @@
+//! The proxy service: one request in, measured, forwarded, its response handed back timed.
+//!
+//! For each request it starts a [`Recorder`] once (route, in-flight gauge, start time), sends the
+//! request upstream with its body read in passing for `model`, and either wraps the upstream
+//! response body in a [`TimedBody`] or answers with the proxy's own error response. This is the
+//! one edge where an [`Error`](crate::error::Error) becomes HTTP.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{Either, Full};
+use hyper::body::Incoming;
+use tokio::time::Instant;
+
+use crate::forward::Forwarder;
+use crate::recorder::{End, Recorder, Shared};
+use crate::request_body::ModelSniffBody;
+use crate::timed_body::TimedBody;
+
+/// What the client receives: the upstream's body, timed, or the proxy's own error body.
+pub type ProxyBody = Either<TimedBody<Incoming>, Full<Bytes>>;
+
+/// The route every request takes until routes are matched.
+pub const DEFAULT_ROUTE: &str = "default";
+
+/// The proxy as a tower service; cheap to clone per connection.
+#[derive(Clone)]
+pub struct Proxy {
+    shared: Arc<Shared>,
+    forwarder: Arc<Forwarder>,
+    default_route: Arc<str>,
+}
+
+impl Proxy {
+    pub fn new(shared: Arc<Shared>, forwarder: Arc<Forwarder>) -> Self {
+        Proxy {
+            shared,
+            forwarder,
+            default_route: Arc::from(DEFAULT_ROUTE),
+        }
+    }
+}
+
+impl tower::Service<Request<Incoming>> for Proxy {
+    type Response = Response<ProxyBody>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<Incoming>) -> Self::Future {
+        let mut recorder = Recorder::start(
+            self.shared.clone(),
+            self.default_route.clone(),
+            request.method(),
+            request.uri(),
+            request.headers(),
+        );
+        let (parts, body) = request.into_parts();
+        let body = ModelSniffBody::new(body, recorder.model_slot());
+        let forwarder = self.forwarder.clone();
+        Box::pin(async move {
+            // If the client goes away while we wait, this future is dropped and so is the
+            // recorder, which then counts the request as cancelled.
+            match forwarder.send(parts, body).await {
+                Ok(response) => {
+                    recorder.on_head(response.status(), response.headers());
+                    let (parts, body) = response.into_parts();
+                    let body = TimedBody::new(body, recorder);
+                    Ok(Response::from_parts(parts, Either::Left(body)))
+                }
+                Err(error) => {
+                    tracing::warn!(error = %error, "answering the client with {}", error.status());
+                    recorder.finish(End::Failed(error.status()), Instant::now());
+                    Ok(error.to_response().map(Either::Right))
+                }
+            }
+        })
+    }
+}

@@ -1,0 +1,184 @@
+//! Where connections are accepted: the client listener, its drain, and the admin listener.
+//!
+//! The client listener serves HTTP/1.1 and h2c on one port (TCP_NODELAY on every connection).
+//! On shutdown `/readyz` turns 503 at once, the listener closes, open connections are asked to
+//! finish their in-flight responses, and whatever is still streaming at the drain deadline is
+//! cut: an open SSE stream would otherwise hold shutdown forever.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::{JoinHandle, JoinSet};
+
+use crate::access_log;
+use crate::admin;
+use crate::config::Config;
+use crate::forward::Forwarder;
+use crate::metrics::Metrics;
+use crate::proxy::Proxy;
+use crate::recorder::Shared;
+
+/// Events larger than this are forwarded but not parsed.
+pub const MAX_EVENT_BYTES: usize = 1 << 20;
+
+/// Whether the proxy takes new work; `/readyz` reports it.
+#[derive(Default)]
+pub struct Health {
+    ready: AtomicBool,
+}
+
+impl Health {
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+}
+
+/// A started proxy: its bound addresses and the handle that drains it.
+pub struct Running {
+    pub listen: SocketAddr,
+    pub admin: SocketAddr,
+    pub shared: Arc<Shared>,
+    pub health: Arc<Health>,
+    shutdown: watch::Sender<bool>,
+    task: JoinHandle<()>,
+    admin_task: JoinHandle<()>,
+}
+
+impl Running {
+    /// Starts draining: not ready, no new connections, in-flight responses may finish.
+    pub fn shutdown(&self) {
+        self.health.ready.store(false, Ordering::Relaxed);
+        let _ = self.shutdown.send(true);
+    }
+
+    /// Waits until the drain is over (every response ended, or the deadline passed).
+    pub async fn wait(self) {
+        let _ = self.task.await;
+        self.admin_task.abort();
+    }
+}
+
+/// Why the proxy could not start.
+#[derive(Debug)]
+pub struct StartError(pub String);
+
+impl std::fmt::Display for StartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for StartError {}
+
+/// Binds both listeners and starts serving.
+pub async fn start(config: &Config) -> Result<Running, StartError> {
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| StartError(format!("cannot listen on {}: {e}", config.listen)))?;
+    let admin_listener = TcpListener::bind(config.admin)
+        .await
+        .map_err(|e| StartError(format!("cannot listen on {} (admin): {e}", config.admin)))?;
+    let listen = listener
+        .local_addr()
+        .map_err(|e| StartError(e.to_string()))?;
+    let admin = admin_listener
+        .local_addr()
+        .map_err(|e| StartError(e.to_string()))?;
+
+    let metrics = Metrics::new(config);
+    let access_log = match &config.access_log {
+        Some(c) => Some(
+            access_log::start(c, metrics.access_log_dropped.clone())
+                .map_err(|e| StartError(format!("cannot open the access log: {e}")))?,
+        ),
+        None => None,
+    };
+    let shared = Arc::new(Shared {
+        metrics,
+        access_log,
+        max_event_bytes: MAX_EVENT_BYTES,
+    });
+    let forwarder = Arc::new(Forwarder::new(&config.upstream, &config.timeouts));
+    let proxy = Proxy::new(shared.clone(), forwarder);
+    let health = Arc::new(Health {
+        ready: AtomicBool::new(true),
+    });
+    let (shutdown, shutdown_rx) = watch::channel(false);
+    let admin_task = tokio::spawn(admin::serve(admin_listener, shared.clone(), health.clone()));
+    let task = tokio::spawn(accept_loop(
+        listener,
+        proxy,
+        shutdown_rx,
+        config.timeouts.drain,
+    ));
+    tracing::info!(%listen, %admin, upstream = %config.upstream, "tokenmeter is serving");
+    Ok(Running {
+        listen,
+        admin,
+        shared,
+        health,
+        shutdown,
+        task,
+        admin_task,
+    })
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    proxy: Proxy,
+    mut shutdown: watch::Receiver<bool>,
+    drain: Duration,
+) {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new());
+    builder.http2().timer(TokioTimer::new());
+    let graceful = GracefulShutdown::new();
+    // Connection tasks are kept so the drain deadline can cut them; finished ones are reaped
+    // as the loop goes, so the set holds only open connections.
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        // Out of file descriptors and the like: back off instead of spinning.
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                if let Err(e) = stream.set_nodelay(true) {
+                    tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+                }
+                let service = TowerToHyperService::new(proxy.clone());
+                let connection = builder.serve_connection(TokioIo::new(stream), service).into_owned();
+                let connection = graceful.watch(connection);
+                connections.spawn(async move {
+                    if let Err(e) = connection.await {
+                        tracing::debug!(error = %e, "client connection ended with an error");
+                    }
+                });
+            }
+            _ = shutdown.changed() => break,
+        }
+    }
+    drop(listener);
+    tracing::info!(deadline = %humantime::format_duration(drain), "draining: listener closed, waiting for in-flight responses");
+    tokio::select! {
+        _ = graceful.shutdown() => tracing::info!("drained"),
+        _ = tokio::time::sleep(drain) => {
+            tracing::warn!(open = connections.len(), "drain deadline passed; cutting the connections still open");
+        }
+    }
+    connections.shutdown().await;
+}
