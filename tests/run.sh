@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The test command: on a fresh Debian machine with only the Rust toolchain, installs what the
+# tests use (promtool from Debian's prometheus package, curl, the openai Python package), then
+# runs formatting, lints and every test. CI runs exactly this (.ci/run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+missing=()
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+command -v curl >/dev/null 2>&1 || missing+=(curl)
+command -v python3 >/dev/null 2>&1 || missing+=(python3 python3-pip)
+if ((${#missing[@]})); then
+  sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  echo "tests/run.sh: installing ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+if ! python3 -c "import openai" 2>/dev/null; then
+  echo "tests/run.sh: installing the openai Python package"
+  python3 -m pip install -q openai 2>/dev/null \
+    || python3 -m pip install -q --break-system-packages openai
+fi
+
+cargo fmt --check
+cargo clippy --all-targets -- -D warnings
+cargo test
