@@ -122,6 +122,14 @@ impl AccessLogSink {
     }
 }
 
+impl AccessLogSink {
+    /// A sink whose records arrive on the returned receiver, for tests that read them directly.
+    pub fn channel(depth: usize, dropped: IntCounter) -> (AccessLogSink, Receiver<Record>) {
+        let (tx, rx) = mpsc::sync_channel(depth);
+        (AccessLogSink { tx, dropped }, rx)
+    }
+}
+
 /// Opens the record's destination and starts its writer thread.
 pub fn start(config: &AccessLog, dropped: IntCounter) -> io::Result<AccessLogSink> {
     let out: Box<dyn Write + Send> = match &config.path {

@@ -312,7 +312,8 @@ impl Config {
                 ));
             }
         }
-        if self.listen == self.admin {
+        // Port 0 asks the system for a free port, so two of them never collide.
+        if self.listen == self.admin && self.listen.port() != 0 {
             return Err(format!(
                 "admin: {} is also the listen address; the admin listener needs a port of its own",
                 self.admin
@@ -519,6 +520,7 @@ routes:
         assert!(e.contains("routes[0].match.path_prefix"), "{e}");
         let e = err("listen: 127.0.0.1:1\nadmin: 127.0.0.1:1\n");
         assert!(e.contains("admin"), "{e}");
+        assert!(Config::parse("listen: 127.0.0.1:0\nadmin: 127.0.0.1:0\n", "t.yaml").is_ok());
         let e = err("routes:\n  - name: a\n    match: {methods: [\"GE T\"]}\n");
         assert!(e.contains("routes[0].match.methods"), "{e}");
     }

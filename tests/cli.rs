@@ -184,3 +184,100 @@ fn runs_on_flags_and_stops_cleanly_on_sigterm() {
     let rest: Vec<String> = lines.map(|l| l.unwrap()).collect();
     assert!(rest.iter().any(|l| l.contains("drained")), "{rest:?}");
 }
+
+/// `access_log: {path: "-", format: csv}` writes a header and one row per request to stdout,
+/// with the columns of the contract, from the binary run with a config file.
+#[tokio::test(flavor = "multi_thread")]
+async fn csv_records_go_to_stdout() {
+    use common::*;
+    let upstream = upstream(|_| {
+        Script::stream(
+            "text/event-stream",
+            vec![
+                role_chunk(),
+                chat_chunk("hi"),
+                finish_chunk("length", Some(1)),
+                done(),
+            ],
+        )
+    })
+    .await;
+    let dir = TempDir::new();
+    let config = dir.path().join("tm.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen: 127.0.0.1:0\nadmin: 127.0.0.1:0\nupstream: http://{}\naccess_log: {{path: \"-\", format: csv}}\n",
+            upstream.addr
+        ),
+    )
+    .unwrap();
+    let mut child = Reaped(
+        tokenmeter()
+            .args(["--config", config.to_str().unwrap()])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let stderr = child.0.stderr.take().unwrap();
+    let listen = tokio::task::spawn_blocking(move || {
+        let line = BufReader::new(stderr)
+            .lines()
+            .map(|l| l.unwrap())
+            .find(|l| l.contains("tokenmeter is serving"))
+            .unwrap();
+        line.split("listen=")
+            .nth(1)
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_string()
+    })
+    .await
+    .unwrap();
+    let got = send(
+        &format!("http://{listen}/v1/chat/completions"),
+        "POST",
+        &chat_request("tiny"),
+        &[("x-request-id", "abc,1")],
+        false,
+    )
+    .await;
+    assert_eq!(got.status, 200);
+    let stdout = child.0.stdout.take().unwrap();
+    let rows = tokio::task::spawn_blocking(move || {
+        let mut reader = csv::Reader::from_reader(BufReader::new(stdout));
+        let header = reader.headers().unwrap().clone();
+        let row = reader.records().next().unwrap().unwrap();
+        (header, row)
+    });
+    let (header, row) = tokio::time::timeout(Duration::from_secs(10), rows)
+        .await
+        .unwrap()
+        .unwrap();
+    let columns: Vec<&str> = header.iter().collect();
+    assert_eq!(
+        columns[..5],
+        ["ts", "request_id", "route", "model", "method"]
+    );
+    assert_eq!(columns.len(), 23);
+    let field = |name: &str| {
+        row.get(columns.iter().position(|c| *c == name).unwrap())
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(field("request_id"), "abc,1");
+    assert_eq!(field("model"), "tiny");
+    assert_eq!(field("outcome"), "ok");
+    assert_eq!(field("finish_reason"), "length");
+    assert_eq!(field("output_tokens"), "1");
+    assert_eq!(
+        field("tpot_ms"),
+        "",
+        "undefined for one token: empty in CSV"
+    );
+    assert!(field("ttft_ms").parse::<f64>().unwrap() > 0.0);
+}
