@@ -271,6 +271,11 @@ impl Config {
                     "routes[{i}].name: `{name}` is used by an earlier route"
                 ));
             }
+            if name == crate::route::DEFAULT_ROUTE && route.matcher != Match::default() {
+                return Err(format!(
+                    "routes[{i}].match: the route named `default` takes every request no other route matched; it cannot have a match"
+                ));
+            }
             if let Some(prefix) = &route.matcher.path_prefix {
                 if !prefix.starts_with('/') {
                     return Err(format!(

@@ -1,6 +1,7 @@
 //! tokenmeter: a sidecar reverse proxy that measures how an LLM service feels to its users.
 //!
-//! A request's path through the crate, by file: accepted in [`server`], forwarded by [`proxy`]
+//! A request's path through the crate, by file: accepted in [`server`], routed by [`route`],
+//! forwarded by [`proxy`]
 //! and [`forward`] (its body read in passing for `model` by [`request_body`] and
 //! [`request_model`]), its response timed by [`timed_body`] and read by [`stream`], and judged,
 //! published and logged once by [`recorder`] into [`metrics`] and [`access_log`]. [`admin`]
@@ -16,6 +17,7 @@ pub mod proxy;
 pub mod recorder;
 pub mod request_body;
 pub mod request_model;
+pub mod route;
 pub mod server;
 pub mod stream;
 pub mod timed_body;

@@ -25,24 +25,16 @@ use crate::timed_body::TimedBody;
 /// What the client receives: the upstream's body, timed, or the proxy's own error body.
 pub type ProxyBody = Either<TimedBody<Incoming>, Full<Bytes>>;
 
-/// The route every request takes until routes are matched.
-pub const DEFAULT_ROUTE: &str = "default";
-
 /// The proxy as a tower service; cheap to clone per connection.
 #[derive(Clone)]
 pub struct Proxy {
     shared: Arc<Shared>,
     forwarder: Arc<Forwarder>,
-    default_route: Arc<str>,
 }
 
 impl Proxy {
     pub fn new(shared: Arc<Shared>, forwarder: Arc<Forwarder>) -> Self {
-        Proxy {
-            shared,
-            forwarder,
-            default_route: Arc::from(DEFAULT_ROUTE),
-        }
+        Proxy { shared, forwarder }
     }
 }
 
@@ -58,18 +50,34 @@ impl tower::Service<Request<Incoming>> for Proxy {
     fn call(&mut self, request: Request<Incoming>) -> Self::Future {
         let mut recorder = Recorder::start(
             self.shared.clone(),
-            self.default_route.clone(),
             request.method(),
             request.uri(),
             request.headers(),
         );
         let (parts, body) = request.into_parts();
-        let body = ModelSniffBody::new(body, recorder.model_slot());
+        let model = recorder.model_slot();
+        let body = ModelSniffBody::new(body, model.clone());
         let forwarder = self.forwarder.clone();
         Box::pin(async move {
             // If the client goes away while we wait, this future is dropped and so is the
             // recorder, which then counts the request as cancelled.
-            match forwarder.send(parts, body).await {
+            let send = forwarder.send(parts, body);
+            tokio::pin!(send);
+            let sent = if recorder.route_pending() {
+                // A route matches on the model: decide it as soon as the body has named it,
+                // so the request counts as in flight on its route while it waits upstream.
+                tokio::select! {
+                    biased;
+                    sent = &mut send => sent,
+                    () = model.decided() => {
+                        recorder.resolve_route();
+                        send.await
+                    }
+                }
+            } else {
+                send.await
+            };
+            match sent {
                 Ok(response) => {
                     recorder.on_head(response.status(), response.headers());
                     let (parts, body) = response.into_parts();

@@ -12,25 +12,66 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, StatusCode};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::access_log::{AccessLogSink, Record};
 use crate::metrics::{InFlight, Metrics, RequestMetrics};
+use crate::route::{Candidates, RouteInfo, Router};
 use crate::stream::{self, Dialect, FrameEvents, Framing, StreamReader};
 
 /// The longest `x-request-id` copied into the record; longer ones are cut.
 const MAX_REQUEST_ID: usize = 128;
 
-/// What every request of one server shares: where it publishes.
+/// What every request of one configuration shares: its routes and where it publishes.
 pub struct Shared {
+    pub router: Router,
     pub metrics: Metrics,
     pub access_log: Option<AccessLogSink>,
     /// Events larger than this are forwarded but not parsed.
     pub max_event_bytes: usize,
 }
 
-/// The request's `model`, filled in by the request-body scanner as the body streams past.
-pub type ModelSlot = Arc<OnceLock<Box<str>>>;
+/// The request's `model`, decided by the request-body scanner as the body streams past:
+/// found, or known to be absent. Route matching may wait for it.
+#[derive(Default)]
+pub struct ModelCell {
+    value: OnceLock<Option<Box<str>>>,
+    decided: Notify,
+}
+
+impl ModelCell {
+    /// Records the model (`None`: the body named none); only the first call counts.
+    pub fn decide(&self, model: Option<&str>) {
+        if self.value.set(model.map(Into::into)).is_ok() {
+            self.decided.notify_waiters();
+        }
+    }
+
+    /// The model, if the body named one and it has been read.
+    pub fn get(&self) -> Option<&str> {
+        self.value.get().and_then(|m| m.as_deref())
+    }
+
+    pub fn is_decided(&self) -> bool {
+        self.value.get().is_some()
+    }
+
+    /// Resolves once the model is decided.
+    pub async fn decided(&self) {
+        loop {
+            let notified = self.decided.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.is_decided() {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+pub type ModelSlot = Arc<ModelCell>;
 
 /// How a request ended, as the proxy saw it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,14 +124,17 @@ pub struct Figures {
 /// One request in flight.
 pub struct Recorder {
     shared: Arc<Shared>,
-    route: Arc<str>,
+    /// The routes still possible after the head, until the route is decided.
+    candidates: Candidates,
+    route: Option<Arc<RouteInfo>>,
     t_start: Instant,
     wall_start: SystemTime,
     method: Method,
     path: Box<str>,
     request_id: Option<Box<str>>,
     model: ModelSlot,
-    /// Released at finish, so a stream counts as in flight until it ends.
+    /// Taken when the route is decided, released at finish, so a stream counts as in flight
+    /// until it ends.
     in_flight: Option<InFlight>,
     in_flight_at_start: i64,
 
@@ -112,13 +156,12 @@ impl Recorder {
     /// Starts measuring a request whose head has just been read.
     pub fn start(
         shared: Arc<Shared>,
-        route: Arc<str>,
         method: &Method,
         uri: &http::Uri,
         headers: &HeaderMap,
     ) -> Self {
-        let in_flight = shared.metrics.in_flight(&route);
-        let in_flight_at_start = in_flight.current();
+        let t_start = Instant::now();
+        let candidates = shared.router.candidates(method, uri, headers);
         let request_id = headers
             .get("x-request-id")
             .and_then(|v| v.to_str().ok())
@@ -128,18 +171,19 @@ impl Recorder {
                     .collect::<String>()
                     .into_boxed_str()
             });
-        Recorder {
+        let mut recorder = Recorder {
             shared,
-            route,
-            t_start: Instant::now(),
+            candidates,
+            route: None,
+            t_start,
             wall_start: SystemTime::now(),
             method: method.clone(),
             // The query string is left out: it may carry keys or user data.
             path: uri.path().into(),
             request_id,
             model: ModelSlot::default(),
-            in_flight: Some(in_flight),
-            in_flight_at_start,
+            in_flight: None,
+            in_flight_at_start: 0,
             status: None,
             handles: None,
             reader: None,
@@ -151,7 +195,39 @@ impl Recorder {
             max_itl: None,
             bytes: 0,
             finished: false,
+        };
+        if let Some(route) = recorder.shared.router.decided(&recorder.candidates) {
+            recorder.take_route(route);
         }
+        recorder
+    }
+
+    /// Whether the route still waits for the request's model.
+    pub fn route_pending(&self) -> bool {
+        self.route.is_none()
+    }
+
+    /// Decides the route from what is known now (the model, if read) unless already decided.
+    pub fn resolve_route(&mut self) {
+        if self.route.is_none() {
+            let route = self
+                .shared
+                .router
+                .with_model(&self.candidates, self.model.get());
+            self.take_route(route);
+        }
+    }
+
+    fn take_route(&mut self, route: Arc<RouteInfo>) {
+        let in_flight = self.shared.metrics.in_flight(&route.name);
+        self.in_flight_at_start = in_flight.current();
+        self.in_flight = Some(in_flight);
+        self.route = Some(route);
+    }
+
+    fn route(&mut self) -> Arc<RouteInfo> {
+        self.resolve_route();
+        self.route.clone().expect("resolve_route always decides")
     }
 
     /// Where the request-body scanner puts the model it finds.
@@ -165,6 +241,7 @@ impl Recorder {
 
     /// The response head arrived: choose how to read the body and resolve the metric handles.
     pub fn on_head(&mut self, status: StatusCode, headers: &HeaderMap) {
+        self.resolve_route();
         self.status = Some(status);
         let header = |name| {
             headers
@@ -188,12 +265,12 @@ impl Recorder {
     }
 
     fn resolve_handles(&mut self) -> &RequestMetrics {
-        let (shared, route, model) = (&self.shared, &self.route, &self.model);
-        self.handles.get_or_insert_with(|| {
-            shared
-                .metrics
-                .request(route.clone(), model.get().map(|m| &**m))
-        })
+        if self.handles.is_none() {
+            let route = self.route().name.clone();
+            let handles = self.shared.metrics.request(route, self.model.get());
+            self.handles = Some(handles);
+        }
+        self.handles.as_ref().expect("set above")
     }
 
     /// A data frame is being handed to the client at `now`.
@@ -307,6 +384,11 @@ impl Recorder {
 
     fn publish(&mut self, f: &Figures) {
         let shared = self.shared.clone();
+        let finish_reason = self
+            .reader
+            .as_ref()
+            .and_then(|r| r.summary().finish_reason)
+            .map(|r| r.as_str());
         let h = self.resolve_handles();
         let secs = |d: Duration| d.as_secs_f64();
         if let Some(d) = f.ttfb {
@@ -332,13 +414,8 @@ impl Recorder {
         shared
             .metrics
             .count_request(&h.route, &h.model, f.outcome.as_str());
-        let finish_reason = self
-            .reader
-            .as_ref()
-            .and_then(|r| r.summary().finish_reason)
-            .map(|r| r.as_str());
         if let Some(reason) = finish_reason {
-            shared.metrics.count_finish_reason(&self.route, reason);
+            shared.metrics.count_finish_reason(&h.route, reason);
         }
         if let Some(log) = &shared.access_log {
             log.send(self.record(f, finish_reason));
@@ -350,8 +427,11 @@ impl Recorder {
         Record {
             ts: humantime::format_rfc3339_millis(self.wall_start).to_string(),
             request_id: self.request_id.as_deref().map(str::to_owned),
-            route: self.route.to_string(),
-            model: self.model.get().map(|m| m.to_string()),
+            route: self
+                .route
+                .as_ref()
+                .map_or_else(String::new, |r| r.name.to_string()),
+            model: self.model.get().map(str::to_owned),
             method: self.method.to_string(),
             path: self.path.to_string(),
             status: self.status.map(|s| s.as_u16()),

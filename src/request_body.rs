@@ -28,11 +28,18 @@ pin_project! {
     }
 }
 
-impl<B> ModelSniffBody<B> {
+impl<B: Body> ModelSniffBody<B> {
     pub fn new(inner: B, slot: ModelSlot) -> Self {
+        // A body that is already over (a GET) names no model; say so now, not never.
+        let scanner = if inner.is_end_stream() {
+            slot.decide(None);
+            None
+        } else {
+            Some(ModelScanner::new(MODEL_LOOKAHEAD_BYTES))
+        };
         ModelSniffBody {
             inner,
-            scanner: Some(ModelScanner::new(MODEL_LOOKAHEAD_BYTES)),
+            scanner,
             slot,
         }
     }
@@ -59,10 +66,13 @@ impl<B: Body<Data = Bytes>> Body for ModelSniffBody<B> {
             match scan {
                 Scan::Pending => {}
                 Scan::Found(model) => {
-                    let _ = this.slot.set(model.as_str().into());
+                    this.slot.decide(Some(model.as_str()));
                     *this.scanner = None;
                 }
-                Scan::GaveUp => *this.scanner = None,
+                Scan::GaveUp => {
+                    this.slot.decide(None);
+                    *this.scanner = None;
+                }
             }
         }
         Poll::Ready(polled)

@@ -25,6 +25,7 @@ use crate::forward::Forwarder;
 use crate::metrics::Metrics;
 use crate::proxy::Proxy;
 use crate::recorder::Shared;
+use crate::route::Router;
 
 /// Events larger than this are forwarded but not parsed.
 pub const MAX_EVENT_BYTES: usize = 1 << 20;
@@ -102,6 +103,7 @@ pub async fn start(config: &Config) -> Result<Running, StartError> {
         None => None,
     };
     let shared = Arc::new(Shared {
+        router: Router::new(&config.routes),
         metrics,
         access_log,
         max_event_bytes: MAX_EVENT_BYTES,

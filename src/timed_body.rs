@@ -103,6 +103,7 @@ mod tests {
         let metrics = Metrics::new(&Config::default());
         let (sink, records) = AccessLogSink::channel(8, metrics.access_log_dropped.clone());
         let shared = Arc::new(Shared {
+            router: crate::route::Router::new(&[]),
             metrics,
             access_log: Some(sink),
             max_event_bytes: 1 << 20,
@@ -110,12 +111,11 @@ mod tests {
         let uri: http::Uri = "/v1/chat/completions".parse().unwrap();
         let mut recorder = Recorder::start(
             shared.clone(),
-            Arc::from("default"),
             &http::Method::POST,
             &uri,
             &http::HeaderMap::new(),
         );
-        let _ = recorder.model_slot().set("m".into());
+        recorder.model_slot().decide(Some("m"));
         let mut headers = http::HeaderMap::new();
         headers.insert("content-type", "text/event-stream".parse().unwrap());
         recorder.on_head(http::StatusCode::OK, &headers);

@@ -656,3 +656,48 @@ async fn metrics_pass_promtool() {
         "promtool: {said}"
     );
 }
+
+/// Requests take the first route that matches, a model glob included, the rest `default`;
+/// metrics and records carry the route.
+#[tokio::test]
+async fn requests_take_the_first_matching_route() {
+    let upstream =
+        upstream(|_| stream_of(vec![chat_chunk("a"), finish_chunk("stop", Some(1)), done()])).await;
+    let proxy = proxy(upstream.addr, |c| {
+        c.routes = tokenmeter::config::Config::parse(
+            "routes:\n  - name: llama\n    match: {model: \"llama-*\"}\n  - name: chat\n    match: {path_prefix: /v1/chat/}\n",
+            "t.yaml",
+        )
+        .unwrap()
+        .routes;
+    })
+    .await;
+    for (path, model) in [
+        (CHAT, "llama-3"),
+        (CHAT, "gpt-4o"),
+        ("/v1/completions", "gpt-4o"),
+    ] {
+        send(&proxy.url(path), "POST", &chat_request(model), &[], false).await;
+    }
+    let records = proxy.records(3).await;
+    let routes: Vec<_> = records
+        .iter()
+        .map(|r| (r["model"].as_str().unwrap(), r["route"].as_str().unwrap()))
+        .collect();
+    for want in [
+        ("llama-3", "llama"),
+        ("gpt-4o", "chat"),
+        ("gpt-4o", "default"),
+    ] {
+        assert!(routes.contains(&want), "{want:?} not in {routes:?}");
+    }
+    let m = proxy.metrics();
+    for route in ["llama", "chat", "default"] {
+        assert!(
+            m.contains(&format!(
+                "tokenmeter_in_flight_requests{{route=\"{route}\"}} 0"
+            )),
+            "{route}\n{m}"
+        );
+    }
+}
