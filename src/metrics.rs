@@ -6,13 +6,15 @@
 //! per-frame path looks up a label.
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use prometheus::{
-    exponential_buckets, Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter,
+    exponential_buckets, Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter,
     IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use crate::config::Config;
+use crate::config::{Config, Slo};
+use crate::slo::Criterion;
 
 /// Label value for a request whose body named no model (or whose model came too late).
 pub const UNKNOWN_MODEL: &str = "unknown";
@@ -52,6 +54,12 @@ pub struct Metrics {
     prompt_tokens_total: IntCounterVec,
     finish_reasons: IntCounterVec,
     in_flight: IntGaugeVec,
+    slo_eligible: IntCounterVec,
+    slo_good: IntCounterVec,
+    slo_violations: IntCounterVec,
+    slo_good_output_tokens: IntCounterVec,
+    slo_objective: GaugeVec,
+    slo_threshold: GaugeVec,
     /// Records that could not be written because the writer fell behind.
     pub access_log_dropped: IntCounter,
     models: ModelLabels,
@@ -70,6 +78,9 @@ pub struct RequestMetrics {
     pub output_tokens: Histogram,
     pub output_tokens_total: IntCounter,
     pub prompt_tokens_total: IntCounter,
+    pub slo_eligible: IntCounter,
+    pub slo_good: IntCounter,
+    pub slo_good_output_tokens: IntCounter,
 }
 
 /// The request's place in `tokenmeter_in_flight_requests`: it counts until dropped.
@@ -90,12 +101,40 @@ impl Drop for InFlight {
     }
 }
 
-fn histogram(name: &str, help: &str, buckets: &[f64], labels: &[&str]) -> HistogramVec {
-    HistogramVec::new(
-        HistogramOpts::new(name, help).buckets(buckets.to_vec()),
-        labels,
-    )
-    .expect("histogram definition is valid")
+fn histogram(
+    name: &str,
+    help: &str,
+    buckets: &[f64],
+    thresholds: &[f64],
+    labels: &[&str],
+) -> HistogramVec {
+    let buckets = with_thresholds(buckets, thresholds);
+    HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), labels)
+        .expect("histogram definition is valid")
+}
+
+/// The standard buckets plus every configured threshold, exactly, so that the share of
+/// requests within a threshold can be read from the buckets without interpolation.
+pub fn with_thresholds(buckets: &[f64], thresholds: &[f64]) -> Vec<f64> {
+    let mut all: Vec<f64> = buckets
+        .iter()
+        .chain(thresholds)
+        .copied()
+        .filter(|b| b.is_finite() && *b > 0.0)
+        .collect();
+    all.sort_by(f64::total_cmp);
+    all.dedup();
+    all
+}
+
+/// Every threshold of one criterion across all routes, in seconds.
+fn thresholds(config: &Config, pick: impl Fn(&Slo) -> Option<Duration>) -> Vec<f64> {
+    config
+        .routes
+        .iter()
+        .filter_map(|r| r.slo.as_ref().and_then(&pick))
+        .map(|d| d.as_secs_f64())
+        .collect()
 }
 
 fn counter(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -104,8 +143,15 @@ fn counter(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
 
 impl Metrics {
     /// Builds and registers every family for this configuration.
-    pub fn new(_config: &Config) -> Metrics {
+    pub fn new(config: &Config) -> Metrics {
         let rm = &["route", "model"];
+        let ttft_t = thresholds(config, |s| s.ttft);
+        let gap_t = [
+            thresholds(config, |s| s.tpot),
+            thresholds(config, |s| s.max_itl),
+        ]
+        .concat();
+        let e2e_t = thresholds(config, |s| s.e2e);
         let output_token_buckets =
             exponential_buckets(1.0, 2.0, 16).expect("token buckets are valid");
         let m = Metrics {
@@ -119,42 +165,49 @@ impl Metrics {
                 "tokenmeter_time_to_first_byte_seconds",
                 "From the complete request head to the first response body byte handed to the client.",
                 FIRST_TOKEN_BUCKETS,
+                &ttft_t,
                 rm,
             ),
             ttft: histogram(
                 "tokenmeter_time_to_first_token_seconds",
                 "From the complete request head to the first output-bearing event handed to the client.",
                 FIRST_TOKEN_BUCKETS,
+                &ttft_t,
                 rm,
             ),
             ttfc: histogram(
                 "tokenmeter_time_to_first_content_seconds",
                 "From the complete request head to the first event with visible content (not reasoning or tool arguments).",
                 FIRST_TOKEN_BUCKETS,
+                &ttft_t,
                 rm,
             ),
             tpot: histogram(
                 "tokenmeter_time_per_output_token_seconds",
                 "Per request: (last output event - first output event) / (output tokens - 1).",
                 TOKEN_GAP_BUCKETS,
+                &gap_t,
                 rm,
             ),
             itl: histogram(
                 "tokenmeter_inter_token_latency_seconds",
                 "Every gap between two consecutive output-bearing events, as handed to the client.",
                 TOKEN_GAP_BUCKETS,
+                &gap_t,
                 rm,
             ),
             duration: histogram(
                 "tokenmeter_request_duration_seconds",
                 "End-to-end: from the complete request head to the end of the response body.",
                 DURATION_BUCKETS,
+                &e2e_t,
                 rm,
             ),
             output_tokens: histogram(
                 "tokenmeter_request_output_tokens",
                 "Output tokens per request (from usage when the stream reports it, else output events).",
                 &output_token_buckets,
+                &[],
                 rm,
             ),
             output_tokens_total: counter(
@@ -178,6 +231,42 @@ impl Metrics {
                     "Requests whose response has not ended yet.",
                 ),
                 &["route"],
+            )
+            .expect("gauge definition is valid"),
+            slo_eligible: counter(
+                "tokenmeter_slo_eligible_requests_total",
+                "Requests judged against their route's SLO (good + violated).",
+                rm,
+            ),
+            slo_good: counter(
+                "tokenmeter_slo_good_requests_total",
+                "Requests that met every criterion of their route's SLO.",
+                rm,
+            ),
+            slo_violations: counter(
+                "tokenmeter_slo_violations_total",
+                "Failed SLO criteria (ttft, tpot, e2e, max_itl, error); a request may fail several.",
+                &["route", "model", "criterion"],
+            ),
+            slo_good_output_tokens: counter(
+                "tokenmeter_slo_good_output_tokens_total",
+                "Output tokens of requests that met their SLO (token goodput).",
+                rm,
+            ),
+            slo_objective: GaugeVec::new(
+                Opts::new(
+                    "tokenmeter_slo_objective_ratio",
+                    "The fraction of requests a route promises to be good.",
+                ),
+                &["route"],
+            )
+            .expect("gauge definition is valid"),
+            slo_threshold: GaugeVec::new(
+                Opts::new(
+                    "tokenmeter_slo_threshold_seconds",
+                    "A route's SLO threshold per criterion.",
+                ),
+                &["route", "criterion"],
             )
             .expect("gauge definition is valid"),
             access_log_dropped: IntCounter::new(
@@ -212,12 +301,19 @@ impl Metrics {
             Box::new(m.prompt_tokens_total.clone()),
             Box::new(m.finish_reasons.clone()),
             Box::new(m.in_flight.clone()),
+            Box::new(m.slo_eligible.clone()),
+            Box::new(m.slo_good.clone()),
+            Box::new(m.slo_violations.clone()),
+            Box::new(m.slo_good_output_tokens.clone()),
+            Box::new(m.slo_objective.clone()),
+            Box::new(m.slo_threshold.clone()),
             Box::new(m.access_log_dropped.clone()),
             Box::new(build_info),
         ];
         for c in collectors {
             m.registry.register(c).expect("metric names are unique");
         }
+        m.publish_slos(config);
         #[cfg(target_os = "linux")]
         {
             let process = prometheus::process_collector::ProcessCollector::for_self();
@@ -225,6 +321,32 @@ impl Metrics {
             let _ = m.registry.register(Box::new(process));
         }
         m
+    }
+
+    /// Sets the objective and threshold gauges from the configuration's routes.
+    fn publish_slos(&self, config: &Config) {
+        self.slo_objective.reset();
+        self.slo_threshold.reset();
+        for route in &config.routes {
+            let Some(slo) = &route.slo else { continue };
+            if let Some(objective) = slo.objective {
+                self.slo_objective
+                    .with_label_values(&[&route.name])
+                    .set(objective);
+            }
+            for (criterion, threshold) in [
+                (Criterion::Ttft, slo.ttft),
+                (Criterion::Tpot, slo.tpot),
+                (Criterion::E2e, slo.e2e),
+                (Criterion::MaxItl, slo.max_itl),
+            ] {
+                if let Some(t) = threshold {
+                    self.slo_threshold
+                        .with_label_values(&[&route.name, criterion.as_str()])
+                        .set(t.as_secs_f64());
+                }
+            }
+        }
     }
 
     /// Counts a request in flight on its route until the returned guard is dropped.
@@ -248,6 +370,9 @@ impl Metrics {
             output_tokens: self.output_tokens.with_label_values(&labels),
             output_tokens_total: self.output_tokens_total.with_label_values(&labels),
             prompt_tokens_total: self.prompt_tokens_total.with_label_values(&labels),
+            slo_eligible: self.slo_eligible.with_label_values(&labels),
+            slo_good: self.slo_good.with_label_values(&labels),
+            slo_good_output_tokens: self.slo_good_output_tokens.with_label_values(&labels),
             route,
             model,
         }
@@ -257,6 +382,13 @@ impl Metrics {
     pub fn count_request(&self, route: &str, model: &str, outcome: &str) {
         self.requests
             .with_label_values(&[route, model, outcome])
+            .inc();
+    }
+
+    /// Counts a failed SLO criterion.
+    pub fn count_violation(&self, route: &str, model: &str, criterion: Criterion) {
+        self.slo_violations
+            .with_label_values(&[route, model, criterion.as_str()])
             .inc();
     }
 
@@ -326,6 +458,36 @@ mod tests {
         assert_eq!(&*labels.label(Some("a")), "a");
         assert_eq!(&*labels.label(None), "unknown");
         assert_eq!(&*labels.label(Some("")), "unknown");
+    }
+
+    #[test]
+    fn configured_thresholds_are_bucket_bounds_exactly() {
+        let config = Config::parse(
+            "routes:\n  - name: a\n    slo: {ttft: 333ms, tpot: 37ms, e2e: 7s, max_itl: 2s, objective: 0.995}\n",
+            "t.yaml",
+        )
+        .unwrap();
+        let m = Metrics::new(&config);
+        let r = m.request(Arc::from("a"), Some("x"));
+        r.ttft.observe(0.333);
+        r.tpot.observe(0.037);
+        r.duration.observe(7.0);
+        let text = String::from_utf8(m.render()).unwrap();
+        for line in [
+            "tokenmeter_time_to_first_token_seconds_bucket{model=\"x\",route=\"a\",le=\"0.333\"} 1",
+            "tokenmeter_time_per_output_token_seconds_bucket{model=\"x\",route=\"a\",le=\"0.037\"} 1",
+            "tokenmeter_inter_token_latency_seconds_bucket{model=\"x\",route=\"a\",le=\"2\"} 0",
+            "tokenmeter_request_duration_seconds_bucket{model=\"x\",route=\"a\",le=\"7\"} 1",
+            "tokenmeter_slo_objective_ratio{route=\"a\"} 0.995",
+            "tokenmeter_slo_threshold_seconds{criterion=\"ttft\",route=\"a\"} 0.333",
+            "tokenmeter_slo_threshold_seconds{criterion=\"max_itl\",route=\"a\"} 2",
+        ] {
+            assert!(text.contains(line), "missing {line}\n{text}");
+        }
+        assert_eq!(
+            with_thresholds(&[0.1, 0.3], &[0.3, 0.2, f64::NAN]),
+            vec![0.1, 0.2, 0.3]
+        );
     }
 
     #[test]

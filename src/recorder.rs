@@ -18,6 +18,7 @@ use tokio::time::Instant;
 use crate::access_log::{AccessLogSink, Record};
 use crate::metrics::{InFlight, Metrics, RequestMetrics};
 use crate::route::{Candidates, RouteInfo, Router};
+use crate::slo::{self, Verdict};
 use crate::stream::{self, Dialect, FrameEvents, Framing, StreamReader};
 
 /// The longest `x-request-id` copied into the record; longer ones are cut.
@@ -417,12 +418,33 @@ impl Recorder {
         if let Some(reason) = finish_reason {
             shared.metrics.count_finish_reason(&h.route, reason);
         }
+        let verdict = self.route().slo.as_ref().map(|slo| slo::judge(slo, f));
+        let h = self.resolve_handles();
+        match &verdict {
+            Some(Verdict::Good) => {
+                h.slo_eligible.inc();
+                h.slo_good.inc();
+                h.slo_good_output_tokens.inc_by(f.output_tokens);
+            }
+            Some(Verdict::Violated(criteria)) => {
+                h.slo_eligible.inc();
+                for c in criteria {
+                    shared.metrics.count_violation(&h.route, &h.model, *c);
+                }
+            }
+            Some(Verdict::Excluded) | None => {}
+        }
         if let Some(log) = &shared.access_log {
-            log.send(self.record(f, finish_reason));
+            log.send(self.record(f, finish_reason, verdict.as_ref()));
         }
     }
 
-    fn record(&self, f: &Figures, finish_reason: Option<&'static str>) -> Record {
+    fn record(
+        &self,
+        f: &Figures,
+        finish_reason: Option<&'static str>,
+        verdict: Option<&Verdict>,
+    ) -> Record {
         let ms = |d: Duration| (d.as_secs_f64() * 1e6).round() / 1e3;
         Record {
             ts: humantime::format_rfc3339_millis(self.wall_start).to_string(),
@@ -436,8 +458,11 @@ impl Recorder {
             path: self.path.to_string(),
             status: self.status.map(|s| s.as_u16()),
             outcome: f.outcome.as_str(),
-            slo: None,
-            violated: Vec::new(),
+            slo: verdict.map(Verdict::as_str),
+            violated: match verdict {
+                Some(Verdict::Violated(criteria)) => criteria.iter().map(|c| c.as_str()).collect(),
+                _ => Vec::new(),
+            },
             finish_reason,
             prompt_tokens: f.prompt_tokens,
             output_tokens: f.output_tokens,

@@ -30,6 +30,8 @@ pub enum Step {
     Write(Bytes),
     /// Wait before the next step.
     Wait(Duration),
+    /// Wait until this long after the response head was written (no drift over many steps).
+    At(Duration),
     /// End the body properly (the zero chunk) and keep the connection.
     End,
     /// Close the connection without ending the body: a truncated response.
@@ -184,6 +186,7 @@ async fn play(stream: &mut TcpStream, script: &Script) -> Played {
     if stream.write_all(head.as_bytes()).await.is_err() {
         return Played::PeerGone;
     }
+    let started = Instant::now();
     for step in &script.steps {
         match step {
             Step::Write(bytes) => {
@@ -202,11 +205,15 @@ async fn play(stream: &mut TcpStream, script: &Script) -> Played {
                     return Played::PeerGone;
                 }
             }
-            Step::Wait(d) => {
+            Step::Wait(d) | Step::At(d) => {
+                let until = match step {
+                    Step::At(_) => started + *d,
+                    _ => Instant::now() + *d,
+                };
                 // Wait, but notice a proxy that gave up on us in the meantime.
                 let mut probe = [0u8; 1];
                 tokio::select! {
-                    _ = tokio::time::sleep(*d) => {}
+                    _ = tokio::time::sleep_until(until) => {}
                     r = stream.read(&mut probe) => if matches!(r, Ok(0) | Err(_)) { return Played::PeerGone },
                 }
             }
@@ -413,7 +420,10 @@ pub async fn send(
 ) -> Received {
     let mut builder = Client::builder(TokioExecutor::new());
     builder.http2_only(h2);
-    let client: Client<_, http_body_util::Full<Bytes>> = builder.build_http();
+    // Without TCP_NODELAY the request body waits on Nagle and a delayed ACK (~40 ms).
+    let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
+    connector.set_nodelay(true);
+    let client: Client<_, http_body_util::Full<Bytes>> = builder.build(connector);
     let mut request = http::Request::builder().method(method).uri(url);
     for (k, v) in headers {
         request = request.header(*k, *v);
