@@ -105,34 +105,54 @@ impl Record {
     }
 }
 
+/// What the writer thread is asked to do.
+enum Message {
+    Write(Box<Record>),
+    /// Reopen the file by its path (logrotate moved the old one away).
+    Reopen,
+}
+
 /// The sending side: cheap to clone, never blocks.
 #[derive(Clone)]
 pub struct AccessLogSink {
-    tx: SyncSender<Record>,
+    tx: SyncSender<Message>,
     dropped: IntCounter,
 }
 
 impl AccessLogSink {
     /// Queues a record for writing, or drops and counts it when the writer is behind.
     pub fn send(&self, record: Record) {
-        match self.tx.try_send(record) {
+        match self.tx.try_send(Message::Write(Box::new(record))) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => self.dropped.inc(),
         }
+    }
+
+    /// Asks the writer to reopen its file; a no-op for standard output.
+    pub fn reopen(&self) {
+        // Blocking here is fine: it happens on SIGHUP, not on a request's path.
+        let _ = self.tx.send(Message::Reopen);
     }
 }
 
 impl AccessLogSink {
     /// A sink whose records arrive on the returned receiver, for tests that read them directly.
     pub fn channel(depth: usize, dropped: IntCounter) -> (AccessLogSink, Receiver<Record>) {
-        let (tx, rx) = mpsc::sync_channel(depth);
-        (AccessLogSink { tx, dropped }, rx)
+        let (tx, rx) = mpsc::sync_channel::<Message>(depth);
+        let (records_tx, records) = mpsc::sync_channel(depth);
+        thread::spawn(move || {
+            while let Ok(message) = rx.recv() {
+                if let Message::Write(record) = message {
+                    let _ = records_tx.send(*record);
+                }
+            }
+        });
+        (AccessLogSink { tx, dropped }, records)
     }
 }
 
-/// Opens the record's destination and starts its writer thread.
-pub fn start(config: &AccessLog, dropped: IntCounter) -> io::Result<AccessLogSink> {
-    let out: Box<dyn Write + Send> = match &config.path {
+fn open(path: &LogPath) -> io::Result<Box<dyn Write + Send>> {
+    Ok(match path {
         LogPath::Stdout => Box::new(io::stdout()),
         LogPath::File(path) => Box::new(
             OpenOptions::new()
@@ -143,12 +163,19 @@ pub fn start(config: &AccessLog, dropped: IntCounter) -> io::Result<AccessLogSin
                     io::Error::new(e.kind(), format!("access_log {}: {e}", path.display()))
                 })?,
         ),
-    };
+    })
+}
+
+/// Opens the record's destination and starts its writer thread. The thread ends when every
+/// sink clone is gone (after a reload that changed the destination).
+pub fn start(config: &AccessLog, dropped: IntCounter) -> io::Result<AccessLogSink> {
+    let header = needs_header(&config.path);
+    let out = open(&config.path)?;
     let (tx, rx) = mpsc::sync_channel(QUEUE_DEPTH);
-    let format = config.format;
+    let config = config.clone();
     thread::Builder::new()
         .name("tokenmeter-access-log".into())
-        .spawn(move || write_records(rx, out, format))?;
+        .spawn(move || write_records(rx, Output::new(out, config.format, header), &config))?;
     Ok(AccessLogSink { tx, dropped })
 }
 
@@ -159,6 +186,23 @@ enum Output {
 }
 
 impl Output {
+    fn new(out: Box<dyn Write + Send>, format: LogFormat, header: bool) -> Output {
+        match format {
+            LogFormat::Jsonl => Output::Jsonl(BufWriter::new(out)),
+            LogFormat::Csv => {
+                let mut w = csv::WriterBuilder::new()
+                    .has_headers(false)
+                    .from_writer(out);
+                if header {
+                    if let Err(e) = w.write_record(COLUMNS) {
+                        tracing::warn!(error = %e, "cannot write the access log header");
+                    }
+                }
+                Output::Csv(Box::new(w))
+            }
+        }
+    }
+
     fn write(&mut self, record: &Record) -> io::Result<()> {
         match self {
             Output::Jsonl(out) => {
@@ -179,28 +223,39 @@ impl Output {
     }
 }
 
-fn write_records(rx: Receiver<Record>, out: Box<dyn Write + Send>, format: LogFormat) {
-    let mut out = match format {
-        LogFormat::Jsonl => Output::Jsonl(BufWriter::new(out)),
-        LogFormat::Csv => {
-            let mut w = csv::WriterBuilder::new()
-                .has_headers(false)
-                .from_writer(out);
-            if let Err(e) = w.write_record(COLUMNS) {
-                tracing::warn!(error = %e, "cannot write the access log header");
-            }
-            Output::Csv(Box::new(w))
-        }
-    };
-    // Block for the next record; after a burst, flush once the queue is empty so records
+/// Whether a CSV destination needs its header: stdout always, a file when it is new or empty.
+fn needs_header(path: &LogPath) -> bool {
+    match path {
+        LogPath::Stdout => true,
+        LogPath::File(p) => std::fs::metadata(p).map_or(true, |m| m.len() == 0),
+    }
+}
+
+fn write_records(rx: Receiver<Message>, mut out: Output, config: &AccessLog) {
+    // Block for the next message; after a burst, flush once the queue is empty so records
     // reach the file promptly without a write per record.
-    while let Ok(mut record) = rx.recv() {
+    while let Ok(mut message) = rx.recv() {
         loop {
-            if let Err(e) = out.write(&record) {
-                tracing::warn!(error = %e, "cannot write the access log");
+            match message {
+                Message::Write(record) => {
+                    if let Err(e) = out.write(&record) {
+                        tracing::warn!(error = %e, "cannot write the access log");
+                    }
+                }
+                Message::Reopen if config.path != LogPath::Stdout => {
+                    let _ = out.flush();
+                    let header = needs_header(&config.path);
+                    match open(&config.path) {
+                        Ok(file) => out = Output::new(file, config.format, header),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "cannot reopen the access log; keeping the old file")
+                        }
+                    }
+                }
+                Message::Reopen => {}
             }
             match rx.try_recv() {
-                Ok(next) => record = next,
+                Ok(next) => message = next,
                 Err(_) => break,
             }
         }

@@ -15,12 +15,13 @@ use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 
 use crate::recorder::Shared;
+use crate::reload::Generations;
 use crate::server::Health;
 
 const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Serves the admin endpoints until the task is aborted.
-pub async fn serve(listener: TcpListener, shared: Arc<Shared>, health: Arc<Health>) {
+pub async fn serve(listener: TcpListener, generations: Arc<Generations>, health: Arc<Health>) {
     let builder = auto::Builder::new(TokioExecutor::new());
     loop {
         let stream = match listener.accept().await {
@@ -31,9 +32,9 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, health: Arc<Healt
                 continue;
             }
         };
-        let (shared, health) = (shared.clone(), health.clone());
+        let (generations, health) = (generations.clone(), health.clone());
         let service = service_fn(move |req| {
-            let response = respond(&req, &shared, &health);
+            let response = respond(&req, &generations.current(), &health);
             async move { Ok::<_, Infallible>(response) }
         });
         let connection = builder

@@ -28,6 +28,46 @@ pub struct Config {
     pub timeouts: Timeouts,
     /// Routes in match order; the first match wins.
     pub routes: Vec<Route>,
+    /// Model names that get a metric label of their own; any other model is `other`.
+    pub models: Option<Vec<String>>,
+    /// Without `models`, how many distinct model names get a label before the rest are `other`.
+    pub model_label_limit: usize,
+    pub stream: StreamLimits,
+    pub reload: Reload,
+}
+
+/// Bounds on reading response streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StreamLimits {
+    /// An event larger than this is forwarded untouched but not parsed; this also bounds the
+    /// reader's memory per stream.
+    pub max_event_bytes: usize,
+}
+
+impl Default for StreamLimits {
+    fn default() -> Self {
+        StreamLimits {
+            max_event_bytes: 1 << 20,
+        }
+    }
+}
+
+/// How the configuration file is watched for changes (SIGHUP always reloads it too).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Reload {
+    /// How often the file is read to see whether it changed; `0s` turns watching off.
+    #[serde(deserialize_with = "duration")]
+    pub watch_interval: Duration,
+}
+
+impl Default for Reload {
+    fn default() -> Self {
+        Reload {
+            watch_interval: Duration::from_secs(2),
+        }
+    }
 }
 
 impl Default for Config {
@@ -39,6 +79,10 @@ impl Default for Config {
             access_log: None,
             timeouts: Timeouts::default(),
             routes: Vec::new(),
+            models: None,
+            model_label_limit: crate::metrics::DEFAULT_MODEL_LABEL_LIMIT,
+            stream: StreamLimits::default(),
+            reload: Reload::default(),
         }
     }
 }
@@ -318,6 +362,18 @@ impl Config {
             }
         }
         // Port 0 asks the system for a free port, so two of them never collide.
+        if self.stream.max_event_bytes < 1024 {
+            return Err(format!(
+                "stream.max_event_bytes: {} is too small to hold one event; use at least 1024",
+                self.stream.max_event_bytes
+            ));
+        }
+        if self.model_label_limit > 1000 {
+            return Err(format!(
+                "model_label_limit: {} would let clients create too many series; keep it under 1000",
+                self.model_label_limit
+            ));
+        }
         if self.listen == self.admin && self.listen.port() != 0 {
             return Err(format!(
                 "admin: {} is also the listen address; the admin listener needs a port of its own",

@@ -15,6 +15,7 @@ pub mod forward;
 pub mod metrics;
 pub mod proxy;
 pub mod recorder;
+pub mod reload;
 pub mod request_body;
 pub mod request_model;
 pub mod route;

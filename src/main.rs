@@ -9,6 +9,8 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use tokenmeter::config::{Config, ConfigError, Upstream};
+use tokenmeter::reload::Overrides;
+use tokenmeter::server::Running;
 
 #[derive(Parser)]
 #[command(
@@ -84,20 +86,20 @@ fn fail(error: &dyn std::fmt::Display) -> ExitCode {
     ExitCode::from(2)
 }
 
+fn overrides(args: &RunArgs) -> Overrides {
+    Overrides {
+        listen: args.listen,
+        admin: args.admin,
+        upstream: args.upstream.clone(),
+    }
+}
+
 fn load(args: &RunArgs) -> Result<Config, ConfigError> {
     let mut config = match &args.config {
         Some(path) => Config::load(path)?,
         None => Config::default(),
     };
-    if let Some(listen) = args.listen {
-        config.listen = listen;
-    }
-    if let Some(admin) = args.admin {
-        config.admin = admin;
-    }
-    if let Some(upstream) = &args.upstream {
-        config.upstream = upstream.clone();
-    }
+    overrides(args).apply(&mut config);
     if config.listen == config.admin && config.listen.port() != 0 {
         return Err(ConfigError {
             origin: "the command line".into(),
@@ -129,11 +131,12 @@ fn run(args: RunArgs) -> ExitCode {
         Err(e) => return fail(&format!("cannot start the runtime: {e}")),
     };
     runtime.block_on(async {
-        let running = match tokenmeter::server::start(&config).await {
-            Ok(running) => running,
-            Err(e) => return fail(&e),
-        };
-        if let Err(e) = shutdown_signal().await {
+        let running =
+            match tokenmeter::server::start(config, args.config.clone(), overrides(&args)).await {
+                Ok(running) => running,
+                Err(e) => return fail(&e),
+            };
+        if let Err(e) = serve_signals(&running).await {
             return fail(&format!("cannot listen for signals: {e}"));
         }
         tracing::info!("shutdown signal received");
@@ -143,21 +146,28 @@ fn run(args: RunArgs) -> ExitCode {
     })
 }
 
-/// Resolves on SIGTERM (Kubernetes stopping the pod) or SIGINT (Ctrl-C).
-async fn shutdown_signal() -> std::io::Result<()> {
+/// Reloads on SIGHUP; returns on SIGTERM (Kubernetes stopping the pod) or SIGINT (Ctrl-C).
+async fn serve_signals(running: &Running) -> std::io::Result<()> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
+        let mut hup = signal(SignalKind::hangup())?;
+        loop {
+            tokio::select! {
+                _ = term.recv() => return Ok(()),
+                _ = int.recv() => return Ok(()),
+                _ = hup.recv() => {
+                    tracing::info!("SIGHUP: reloading the configuration and reopening the access log");
+                    running.reload();
+                }
+            }
         }
-        Ok(())
     }
     #[cfg(not(unix))]
     {
+        let _ = running;
         tokio::signal::ctrl_c().await
     }
 }

@@ -4,13 +4,19 @@
 //! come from the configuration, models from [`ModelLabels`], outcomes and finish reasons from
 //! fixed sets. A request resolves its handles once ([`Metrics::request`]); nothing on the
 //! per-frame path looks up a label.
+//!
+//! The registry lives as long as the process. A configuration reload ([`Metrics::reconfigure`])
+//! updates the SLO gauges and the model-label policy, and replaces the histogram families only
+//! when the configured thresholds changed their buckets; counters carry on.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
+use std::time::SystemTime;
 
+use prometheus::core::Collector;
 use prometheus::{
-    exponential_buckets, Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter,
-    IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    exponential_buckets, Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec,
+    IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 use crate::config::{Config, Slo};
@@ -43,13 +49,7 @@ const DURATION_BUCKETS: &[f64] = &[
 pub struct Metrics {
     registry: Registry,
     requests: IntCounterVec,
-    ttfb: HistogramVec,
-    ttft: HistogramVec,
-    ttfc: HistogramVec,
-    tpot: HistogramVec,
-    itl: HistogramVec,
-    duration: HistogramVec,
-    output_tokens: HistogramVec,
+    histograms: RwLock<Arc<Histograms>>,
     output_tokens_total: IntCounterVec,
     prompt_tokens_total: IntCounterVec,
     finish_reasons: IntCounterVec,
@@ -60,9 +60,97 @@ pub struct Metrics {
     slo_good_output_tokens: IntCounterVec,
     slo_objective: GaugeVec,
     slo_threshold: GaugeVec,
+    config_reloads: IntCounterVec,
+    config_last_success: Gauge,
     /// Records that could not be written because the writer fell behind.
     pub access_log_dropped: IntCounter,
-    models: ModelLabels,
+    models: RwLock<Arc<ModelLabels>>,
+}
+
+/// The histogram families, whose buckets depend on the configured thresholds.
+struct Histograms {
+    /// The thresholds these buckets were built for, to tell whether a reload changes them.
+    thresholds: [Vec<f64>; 3],
+    ttfb: HistogramVec,
+    ttft: HistogramVec,
+    ttfc: HistogramVec,
+    tpot: HistogramVec,
+    itl: HistogramVec,
+    duration: HistogramVec,
+    output_tokens: HistogramVec,
+}
+
+impl Histograms {
+    fn new(thresholds: [Vec<f64>; 3]) -> Histograms {
+        let rm = &["route", "model"];
+        let [ttft_t, gap_t, e2e_t] = &thresholds;
+        let output_token_buckets =
+            exponential_buckets(1.0, 2.0, 16).expect("token buckets are valid");
+        Histograms {
+            ttfb: histogram(
+                "tokenmeter_time_to_first_byte_seconds",
+                "From the complete request head to the first response body byte handed to the client.",
+                FIRST_TOKEN_BUCKETS,
+                ttft_t,
+                rm,
+            ),
+            ttft: histogram(
+                "tokenmeter_time_to_first_token_seconds",
+                "From the complete request head to the first output-bearing event handed to the client.",
+                FIRST_TOKEN_BUCKETS,
+                ttft_t,
+                rm,
+            ),
+            ttfc: histogram(
+                "tokenmeter_time_to_first_content_seconds",
+                "From the complete request head to the first event with visible content (not reasoning or tool arguments).",
+                FIRST_TOKEN_BUCKETS,
+                ttft_t,
+                rm,
+            ),
+            tpot: histogram(
+                "tokenmeter_time_per_output_token_seconds",
+                "Per request: (last output event - first output event) / (output tokens - 1).",
+                TOKEN_GAP_BUCKETS,
+                gap_t,
+                rm,
+            ),
+            itl: histogram(
+                "tokenmeter_inter_token_latency_seconds",
+                "Every gap between two consecutive output-bearing events, as handed to the client.",
+                TOKEN_GAP_BUCKETS,
+                gap_t,
+                rm,
+            ),
+            duration: histogram(
+                "tokenmeter_request_duration_seconds",
+                "End-to-end: from the complete request head to the end of the response body.",
+                DURATION_BUCKETS,
+                e2e_t,
+                rm,
+            ),
+            output_tokens: histogram(
+                "tokenmeter_request_output_tokens",
+                "Output tokens per request (from usage when the stream reports it, else output events).",
+                &output_token_buckets,
+                &[],
+                rm,
+            ),
+            thresholds,
+        }
+    }
+
+    fn collectors(&self) -> [&HistogramVec; 7] {
+        [
+            &self.ttfb,
+            &self.ttft,
+            &self.ttfc,
+            &self.tpot,
+            &self.itl,
+            &self.duration,
+            &self.output_tokens,
+        ]
+    }
 }
 
 /// One request's handles, resolved once when its route and model are known.
@@ -127,33 +215,43 @@ pub fn with_thresholds(buckets: &[f64], thresholds: &[f64]) -> Vec<f64> {
     all
 }
 
-/// Every threshold of one criterion across all routes, in seconds.
-fn thresholds(config: &Config, pick: impl Fn(&Slo) -> Option<Duration>) -> Vec<f64> {
-    config
-        .routes
-        .iter()
-        .filter_map(|r| r.slo.as_ref().and_then(&pick))
-        .map(|d| d.as_secs_f64())
-        .collect()
+/// The configured thresholds that shape the buckets: TTFT (for the first-byte/token/content
+/// histograms), per-token gaps (TPOT and max ITL) and E2E, each sorted, in seconds.
+fn thresholds(config: &Config) -> [Vec<f64>; 3] {
+    let pick = |f: &dyn Fn(&Slo) -> Vec<Option<Duration>>| {
+        let mut v: Vec<f64> = config
+            .routes
+            .iter()
+            .filter_map(|r| r.slo.as_ref())
+            .flat_map(f)
+            .flatten()
+            .map(|d| d.as_secs_f64())
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v.dedup();
+        v
+    };
+    [
+        pick(&|s| vec![s.ttft]),
+        pick(&|s| vec![s.tpot, s.max_itl]),
+        pick(&|s| vec![s.e2e]),
+    ]
 }
 
 fn counter(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     IntCounterVec::new(Opts::new(name, help), labels).expect("counter definition is valid")
 }
 
+fn register(registry: &Registry, collector: impl Collector + Clone + 'static) {
+    registry
+        .register(Box::new(collector))
+        .expect("metric names are unique");
+}
+
 impl Metrics {
     /// Builds and registers every family for this configuration.
     pub fn new(config: &Config) -> Metrics {
         let rm = &["route", "model"];
-        let ttft_t = thresholds(config, |s| s.ttft);
-        let gap_t = [
-            thresholds(config, |s| s.tpot),
-            thresholds(config, |s| s.max_itl),
-        ]
-        .concat();
-        let e2e_t = thresholds(config, |s| s.e2e);
-        let output_token_buckets =
-            exponential_buckets(1.0, 2.0, 16).expect("token buckets are valid");
         let m = Metrics {
             registry: Registry::new(),
             requests: counter(
@@ -161,55 +259,7 @@ impl Metrics {
                 "Finished requests by outcome (ok, error, client_error, cancelled).",
                 &["route", "model", "outcome"],
             ),
-            ttfb: histogram(
-                "tokenmeter_time_to_first_byte_seconds",
-                "From the complete request head to the first response body byte handed to the client.",
-                FIRST_TOKEN_BUCKETS,
-                &ttft_t,
-                rm,
-            ),
-            ttft: histogram(
-                "tokenmeter_time_to_first_token_seconds",
-                "From the complete request head to the first output-bearing event handed to the client.",
-                FIRST_TOKEN_BUCKETS,
-                &ttft_t,
-                rm,
-            ),
-            ttfc: histogram(
-                "tokenmeter_time_to_first_content_seconds",
-                "From the complete request head to the first event with visible content (not reasoning or tool arguments).",
-                FIRST_TOKEN_BUCKETS,
-                &ttft_t,
-                rm,
-            ),
-            tpot: histogram(
-                "tokenmeter_time_per_output_token_seconds",
-                "Per request: (last output event - first output event) / (output tokens - 1).",
-                TOKEN_GAP_BUCKETS,
-                &gap_t,
-                rm,
-            ),
-            itl: histogram(
-                "tokenmeter_inter_token_latency_seconds",
-                "Every gap between two consecutive output-bearing events, as handed to the client.",
-                TOKEN_GAP_BUCKETS,
-                &gap_t,
-                rm,
-            ),
-            duration: histogram(
-                "tokenmeter_request_duration_seconds",
-                "End-to-end: from the complete request head to the end of the response body.",
-                DURATION_BUCKETS,
-                &e2e_t,
-                rm,
-            ),
-            output_tokens: histogram(
-                "tokenmeter_request_output_tokens",
-                "Output tokens per request (from usage when the stream reports it, else output events).",
-                &output_token_buckets,
-                &[],
-                rm,
-            ),
+            histograms: RwLock::new(Arc::new(Histograms::new(thresholds(config)))),
             output_tokens_total: counter(
                 "tokenmeter_output_tokens_total",
                 "Output tokens of finished requests.",
@@ -269,12 +319,22 @@ impl Metrics {
                 &["route", "criterion"],
             )
             .expect("gauge definition is valid"),
+            config_reloads: counter(
+                "tokenmeter_config_reloads_total",
+                "Configuration reloads by result (success, error).",
+                &["result"],
+            ),
+            config_last_success: Gauge::new(
+                "tokenmeter_config_last_reload_success_timestamp_seconds",
+                "When the running configuration was loaded (Unix time).",
+            )
+            .expect("gauge definition is valid"),
             access_log_dropped: IntCounter::new(
                 "tokenmeter_access_log_dropped_total",
                 "Per-request records dropped because the writer could not keep up.",
             )
             .expect("counter definition is valid"),
-            models: ModelLabels::new(DEFAULT_MODEL_LABEL_LIMIT),
+            models: RwLock::new(Arc::new(ModelLabels::new(config))),
         };
         let build_info = IntGaugeVec::new(
             Opts::new(
@@ -287,33 +347,29 @@ impl Metrics {
         build_info
             .with_label_values(&[env!("CARGO_PKG_VERSION")])
             .set(1);
-
-        let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
-            Box::new(m.requests.clone()),
-            Box::new(m.ttfb.clone()),
-            Box::new(m.ttft.clone()),
-            Box::new(m.ttfc.clone()),
-            Box::new(m.tpot.clone()),
-            Box::new(m.itl.clone()),
-            Box::new(m.duration.clone()),
-            Box::new(m.output_tokens.clone()),
-            Box::new(m.output_tokens_total.clone()),
-            Box::new(m.prompt_tokens_total.clone()),
-            Box::new(m.finish_reasons.clone()),
-            Box::new(m.in_flight.clone()),
-            Box::new(m.slo_eligible.clone()),
-            Box::new(m.slo_good.clone()),
-            Box::new(m.slo_violations.clone()),
-            Box::new(m.slo_good_output_tokens.clone()),
-            Box::new(m.slo_objective.clone()),
-            Box::new(m.slo_threshold.clone()),
-            Box::new(m.access_log_dropped.clone()),
-            Box::new(build_info),
-        ];
-        for c in collectors {
-            m.registry.register(c).expect("metric names are unique");
+        let r = &m.registry;
+        register(r, m.requests.clone());
+        for h in m.histograms().collectors() {
+            register(r, h.clone());
         }
-        m.publish_slos(config);
+        register(r, m.output_tokens_total.clone());
+        register(r, m.prompt_tokens_total.clone());
+        register(r, m.finish_reasons.clone());
+        register(r, m.in_flight.clone());
+        register(r, m.slo_eligible.clone());
+        register(r, m.slo_good.clone());
+        register(r, m.slo_violations.clone());
+        register(r, m.slo_good_output_tokens.clone());
+        register(r, m.slo_objective.clone());
+        register(r, m.slo_threshold.clone());
+        register(r, m.config_reloads.clone());
+        register(r, m.config_last_success.clone());
+        register(r, m.access_log_dropped.clone());
+        register(r, build_info);
+        for result in ["success", "error"] {
+            m.config_reloads.with_label_values(&[result]);
+        }
+        m.publish_config(config);
         #[cfg(target_os = "linux")]
         {
             let process = prometheus::process_collector::ProcessCollector::for_self();
@@ -323,8 +379,55 @@ impl Metrics {
         m
     }
 
+    fn histograms(&self) -> Arc<Histograms> {
+        self.histograms
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Applies a reloaded configuration: SLO gauges, the model-label policy, and new histogram
+    /// families when the thresholds moved (requests in flight finish into the old ones).
+    pub fn reconfigure(&self, config: &Config) {
+        let wanted = thresholds(config);
+        let current = self.histograms();
+        if current.thresholds != wanted {
+            let next = Arc::new(Histograms::new(wanted));
+            for (old, new) in current.collectors().into_iter().zip(next.collectors()) {
+                let _ = self.registry.unregister(Box::new(old.clone()));
+                register(&self.registry, new.clone());
+            }
+            *self.histograms.write().unwrap_or_else(|p| p.into_inner()) = next;
+        }
+        let models = ModelLabels::new(config);
+        let mut current = self.models.write().unwrap_or_else(|p| p.into_inner());
+        if !current.same_policy(&models) {
+            *current = Arc::new(models);
+        }
+        drop(current);
+        self.publish_config(config);
+    }
+
+    /// Counts a reload attempt.
+    pub fn count_reload(&self, ok: bool) {
+        self.config_reloads
+            .with_label_values(&[if ok { "success" } else { "error" }])
+            .inc();
+        if ok {
+            self.mark_loaded();
+        }
+    }
+
+    fn mark_loaded(&self) {
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        self.config_last_success.set(now.as_secs_f64());
+    }
+
     /// Sets the objective and threshold gauges from the configuration's routes.
-    fn publish_slos(&self, config: &Config) {
+    fn publish_config(&self, config: &Config) {
+        self.mark_loaded();
         self.slo_objective.reset();
         self.slo_threshold.reset();
         for route in &config.routes {
@@ -356,18 +459,28 @@ impl Metrics {
         InFlight { gauge }
     }
 
+    /// The route's in-flight count now.
+    pub fn in_flight_now(&self, route: &str) -> i64 {
+        self.in_flight.with_label_values(&[route]).get()
+    }
+
     /// Resolves one request's handles.
     pub fn request(&self, route: Arc<str>, model: Option<&str>) -> RequestMetrics {
-        let model = self.models.label(model);
+        let model = self
+            .models
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .label(model);
+        let h = self.histograms();
         let labels = [&*route, &*model];
         RequestMetrics {
-            ttfb: self.ttfb.with_label_values(&labels),
-            ttft: self.ttft.with_label_values(&labels),
-            ttfc: self.ttfc.with_label_values(&labels),
-            tpot: self.tpot.with_label_values(&labels),
-            itl: self.itl.with_label_values(&labels),
-            duration: self.duration.with_label_values(&labels),
-            output_tokens: self.output_tokens.with_label_values(&labels),
+            ttfb: h.ttfb.with_label_values(&labels),
+            ttft: h.ttft.with_label_values(&labels),
+            ttfc: h.ttfc.with_label_values(&labels),
+            tpot: h.tpot.with_label_values(&labels),
+            itl: h.itl.with_label_values(&labels),
+            duration: h.duration.with_label_values(&labels),
+            output_tokens: h.output_tokens.with_label_values(&labels),
             output_tokens_total: self.output_tokens_total.with_label_values(&labels),
             prompt_tokens_total: self.prompt_tokens_total.with_label_values(&labels),
             slo_eligible: self.slo_eligible.with_label_values(&labels),
@@ -408,9 +521,11 @@ impl Metrics {
     }
 }
 
-/// Turns a client-chosen model name into a bounded label: the first `limit` distinct names get
-/// their own label, everything after is `other`, so a client's typo cannot create series forever.
+/// Turns a client-chosen model name into a bounded label, so a client's typo cannot create
+/// series forever: with `models` configured, those names get their own label; otherwise the
+/// first `model_label_limit` distinct names do. Everything else is `other`.
 pub struct ModelLabels {
+    listed: Option<Vec<Arc<str>>>,
     limit: usize,
     seen: Mutex<Vec<Arc<str>>>,
     unknown: Arc<str>,
@@ -418,13 +533,21 @@ pub struct ModelLabels {
 }
 
 impl ModelLabels {
-    pub fn new(limit: usize) -> Self {
+    pub fn new(config: &Config) -> Self {
         ModelLabels {
-            limit,
+            listed: config
+                .models
+                .as_ref()
+                .map(|names| names.iter().map(|n| Arc::from(n.as_str())).collect()),
+            limit: config.model_label_limit,
             seen: Mutex::new(Vec::new()),
             unknown: Arc::from(UNKNOWN_MODEL),
             other: Arc::from(OTHER_MODEL),
         }
+    }
+
+    fn same_policy(&self, other: &ModelLabels) -> bool {
+        self.listed == other.listed && self.limit == other.limit
     }
 
     /// The label for a request's model; called once per request.
@@ -432,6 +555,13 @@ impl ModelLabels {
         let Some(model) = model.filter(|m| !m.is_empty()) else {
             return self.unknown.clone();
         };
+        if let Some(listed) = &self.listed {
+            return listed
+                .iter()
+                .find(|l| ***l == *model)
+                .cloned()
+                .unwrap_or_else(|| self.other.clone());
+        }
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(known) = seen.iter().find(|s| ***s == *model) {
             return known.clone();
@@ -451,13 +581,50 @@ mod tests {
 
     #[test]
     fn model_labels_are_bounded() {
-        let labels = ModelLabels::new(2);
+        let mut config = Config {
+            model_label_limit: 2,
+            ..Config::default()
+        };
+        let labels = ModelLabels::new(&config);
         assert_eq!(&*labels.label(Some("a")), "a");
         assert_eq!(&*labels.label(Some("b")), "b");
         assert_eq!(&*labels.label(Some("c")), "other");
         assert_eq!(&*labels.label(Some("a")), "a");
         assert_eq!(&*labels.label(None), "unknown");
         assert_eq!(&*labels.label(Some("")), "unknown");
+        config.models = Some(vec!["x".into(), "y".into()]);
+        let listed = ModelLabels::new(&config);
+        assert_eq!(&*listed.label(Some("y")), "y");
+        assert_eq!(&*listed.label(Some("a")), "other");
+    }
+
+    #[test]
+    fn a_reload_that_moves_thresholds_rebuilds_the_buckets_and_keeps_counters() {
+        let one =
+            Config::parse("routes:\n  - name: a\n    slo: {ttft: 333ms}\n", "t.yaml").unwrap();
+        let two =
+            Config::parse("routes:\n  - name: a\n    slo: {ttft: 444ms}\n", "t.yaml").unwrap();
+        let m = Metrics::new(&one);
+        m.count_request("a", "x", "ok");
+        let old = m.request(Arc::from("a"), Some("x"));
+        m.reconfigure(&two);
+        // A request that started before the reload finishes into the old family, unseen.
+        old.ttft.observe(0.1);
+        m.request(Arc::from("a"), Some("x")).ttft.observe(0.4);
+        let text = String::from_utf8(m.render()).unwrap();
+        assert!(text.contains("le=\"0.444\""), "{text}");
+        assert!(!text.contains("le=\"0.333\""), "{text}");
+        assert!(text
+            .contains("tokenmeter_time_to_first_token_seconds_count{model=\"x\",route=\"a\"} 1"));
+        assert!(
+            text.contains("tokenmeter_requests_total{model=\"x\",outcome=\"ok\",route=\"a\"} 1")
+        );
+        assert!(
+            text.contains("tokenmeter_slo_threshold_seconds{criterion=\"ttft\",route=\"a\"} 0.444")
+        );
+        m.count_reload(false);
+        let text = String::from_utf8(m.render()).unwrap();
+        assert!(text.contains("tokenmeter_config_reloads_total{result=\"error\"} 1"));
     }
 
     #[test]

@@ -17,8 +17,8 @@ use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
-use crate::forward::Forwarder;
-use crate::recorder::{End, Recorder, Shared};
+use crate::recorder::{End, Recorder};
+use crate::reload::Generations;
 use crate::request_body::ModelSniffBody;
 use crate::timed_body::TimedBody;
 
@@ -28,13 +28,12 @@ pub type ProxyBody = Either<TimedBody<Incoming>, Full<Bytes>>;
 /// The proxy as a tower service; cheap to clone per connection.
 #[derive(Clone)]
 pub struct Proxy {
-    shared: Arc<Shared>,
-    forwarder: Arc<Forwarder>,
+    generations: Arc<Generations>,
 }
 
 impl Proxy {
-    pub fn new(shared: Arc<Shared>, forwarder: Arc<Forwarder>) -> Self {
-        Proxy { shared, forwarder }
+    pub fn new(generations: Arc<Generations>) -> Self {
+        Proxy { generations }
     }
 }
 
@@ -48,16 +47,14 @@ impl tower::Service<Request<Incoming>> for Proxy {
     }
 
     fn call(&mut self, request: Request<Incoming>) -> Self::Future {
-        let mut recorder = Recorder::start(
-            self.shared.clone(),
-            request.method(),
-            request.uri(),
-            request.headers(),
-        );
+        // The request keeps this configuration to its end, whatever a reload does meanwhile.
+        let shared = self.generations.current();
+        let forwarder = shared.forwarder.clone();
+        let mut recorder =
+            Recorder::start(shared, request.method(), request.uri(), request.headers());
         let (parts, body) = request.into_parts();
         let model = recorder.model_slot();
         let body = ModelSniffBody::new(body, model.clone());
-        let forwarder = self.forwarder.clone();
         Box::pin(async move {
             // If the client goes away while we wait, this future is dropped and so is the
             // recorder, which then counts the request as cancelled.

@@ -16,6 +16,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::access_log::{AccessLogSink, Record};
+use crate::forward::Forwarder;
 use crate::metrics::{InFlight, Metrics, RequestMetrics};
 use crate::route::{Candidates, RouteInfo, Router};
 use crate::slo::{self, Verdict};
@@ -27,8 +28,10 @@ const MAX_REQUEST_ID: usize = 128;
 /// What every request of one configuration shares: its routes and where it publishes.
 pub struct Shared {
     pub router: Router,
-    pub metrics: Metrics,
+    pub metrics: Arc<Metrics>,
     pub access_log: Option<AccessLogSink>,
+    /// The upstream client; a reload that keeps the upstream keeps its connection pool.
+    pub forwarder: Arc<Forwarder>,
     /// Events larger than this are forwarded but not parsed.
     pub max_event_bytes: usize,
 }

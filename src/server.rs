@@ -6,6 +6,7 @@
 //! cut: an open SSE stream would otherwise hold shutdown forever.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,17 +19,10 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
-use crate::access_log;
 use crate::admin;
 use crate::config::Config;
-use crate::forward::Forwarder;
-use crate::metrics::Metrics;
 use crate::proxy::Proxy;
-use crate::recorder::Shared;
-use crate::route::Router;
-
-/// Events larger than this are forwarded but not parsed.
-pub const MAX_EVENT_BYTES: usize = 1 << 20;
+use crate::reload::{Generations, Overrides};
 
 /// Whether the proxy takes new work; `/readyz` reports it.
 #[derive(Default)]
@@ -46,11 +40,12 @@ impl Health {
 pub struct Running {
     pub listen: SocketAddr,
     pub admin: SocketAddr,
-    pub shared: Arc<Shared>,
+    pub generations: Arc<Generations>,
     pub health: Arc<Health>,
     shutdown: watch::Sender<bool>,
     task: JoinHandle<()>,
     admin_task: JoinHandle<()>,
+    watch_task: JoinHandle<()>,
 }
 
 impl Running {
@@ -64,6 +59,13 @@ impl Running {
     pub async fn wait(self) {
         let _ = self.task.await;
         self.admin_task.abort();
+        self.watch_task.abort();
+    }
+
+    /// SIGHUP: reload the configuration file and reopen the record's file.
+    pub fn reload(&self) {
+        let _ = self.generations.reload();
+        self.generations.reopen_logs();
     }
 }
 
@@ -79,8 +81,13 @@ impl std::fmt::Display for StartError {
 
 impl std::error::Error for StartError {}
 
-/// Binds both listeners and starts serving.
-pub async fn start(config: &Config) -> Result<Running, StartError> {
+/// Binds both listeners and starts serving `config`; `source` is the file it came from (for
+/// reloads), with `overrides` from the command line re-applied at every reload.
+pub async fn start(
+    config: Config,
+    source: Option<PathBuf>,
+    overrides: Overrides,
+) -> Result<Running, StartError> {
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|e| StartError(format!("cannot listen on {}: {e}", config.listen)))?;
@@ -93,43 +100,39 @@ pub async fn start(config: &Config) -> Result<Running, StartError> {
     let admin = admin_listener
         .local_addr()
         .map_err(|e| StartError(e.to_string()))?;
-
-    let metrics = Metrics::new(config);
-    let access_log = match &config.access_log {
-        Some(c) => Some(
-            access_log::start(c, metrics.access_log_dropped.clone())
-                .map_err(|e| StartError(format!("cannot open the access log: {e}")))?,
-        ),
-        None => None,
-    };
-    let shared = Arc::new(Shared {
-        router: Router::new(&config.routes),
-        metrics,
-        access_log,
-        max_event_bytes: MAX_EVENT_BYTES,
-    });
-    let forwarder = Arc::new(Forwarder::new(&config.upstream, &config.timeouts));
-    let proxy = Proxy::new(shared.clone(), forwarder);
+    let watch_interval = config.reload.watch_interval;
+    let upstream = config.upstream.clone();
+    let generations = Arc::new(
+        Generations::new(config, source, overrides)
+            .map_err(|e| StartError(format!("cannot open the access log: {e}")))?,
+    );
+    let proxy = Proxy::new(generations.clone());
     let health = Arc::new(Health {
         ready: AtomicBool::new(true),
     });
     let (shutdown, shutdown_rx) = watch::channel(false);
-    let admin_task = tokio::spawn(admin::serve(admin_listener, shared.clone(), health.clone()));
+    let admin_task = tokio::spawn(admin::serve(
+        admin_listener,
+        generations.clone(),
+        health.clone(),
+    ));
+    let watch_task = tokio::spawn(generations.clone().watch(watch_interval));
     let task = tokio::spawn(accept_loop(
         listener,
         proxy,
         shutdown_rx,
-        config.timeouts.drain,
+        generations.clone(),
     ));
-    tracing::info!(%listen, %admin, upstream = %config.upstream, "tokenmeter is serving");
+    tracing::info!(%listen, %admin, %upstream, "tokenmeter is serving");
     Ok(Running {
         listen,
         admin,
-        shared,
+        generations,
         health,
         shutdown,
         task,
         admin_task,
+        watch_task,
     })
 }
 
@@ -137,7 +140,7 @@ async fn accept_loop(
     listener: TcpListener,
     proxy: Proxy,
     mut shutdown: watch::Receiver<bool>,
-    drain: Duration,
+    generations: Arc<Generations>,
 ) {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder.http1().timer(TokioTimer::new());
@@ -175,6 +178,8 @@ async fn accept_loop(
         }
     }
     drop(listener);
+    // The drain deadline in force when shutdown begins, reloads included.
+    let drain = generations.config().timeouts.drain;
     tracing::info!(deadline = %humantime::format_duration(drain), "draining: listener closed, waiting for in-flight responses");
     tokio::select! {
         _ = graceful.shutdown() => tracing::info!("drained"),

@@ -100,12 +100,17 @@ mod tests {
 
     /// Plays `(delay, bytes)` steps through a TimedBody on paused time and returns the record.
     async fn play(steps: Vec<(u64, Bytes)>, drop_after: Option<usize>) -> (Record, Arc<Shared>) {
-        let metrics = Metrics::new(&Config::default());
+        let config = Config::default();
+        let metrics = Arc::new(Metrics::new(&config));
         let (sink, records) = AccessLogSink::channel(8, metrics.access_log_dropped.clone());
         let shared = Arc::new(Shared {
             router: crate::route::Router::new(&[]),
             metrics,
             access_log: Some(sink),
+            forwarder: Arc::new(crate::forward::Forwarder::new(
+                &config.upstream,
+                &config.timeouts,
+            )),
             max_event_bytes: 1 << 20,
         });
         let uri: http::Uri = "/v1/chat/completions".parse().unwrap();
@@ -133,7 +138,10 @@ mod tests {
             }
         }
         drop(body);
-        (records.try_recv().expect("exactly one record"), shared)
+        let record = records
+            .recv_timeout(std::time::Duration::from_secs(5))
+            .expect("one record");
+        (record, shared)
     }
 
     /// A body that yields each frame after its delay on tokio's (paused) clock.

@@ -281,3 +281,73 @@ async fn csv_records_go_to_stdout() {
     );
     assert!(field("ttft_ms").parse::<f64>().unwrap() > 0.0);
 }
+
+/// logrotate moves the record file away and sends SIGHUP: the next record must go to a fresh
+/// file at the configured path, not into the moved one.
+#[tokio::test(flavor = "multi_thread")]
+async fn sighup_reopens_the_record_file_for_logrotate() {
+    use common::*;
+    let upstream = upstream(|_| {
+        Script::stream(
+            "text/event-stream",
+            vec![chat_chunk("hi"), finish_chunk("stop", Some(1)), done()],
+        )
+    })
+    .await;
+    let dir = TempDir::new();
+    let (config, records) = (dir.path().join("tm.yaml"), dir.path().join("records.jsonl"));
+    std::fs::write(
+        &config,
+        format!(
+            "listen: 127.0.0.1:0\nadmin: 127.0.0.1:0\nupstream: http://{}\naccess_log: {{path: {}}}\n",
+            upstream.addr,
+            records.display()
+        ),
+    )
+    .unwrap();
+    let mut child = Reaped(
+        tokenmeter()
+            .args(["--config", config.to_str().unwrap()])
+            .env("RUST_LOG", "info")
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let (tx, mut lines) = tokio::sync::mpsc::unbounded_channel();
+    let stderr = child.0.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let _ = tx.send(line.unwrap());
+        }
+    });
+    let listen = loop {
+        let line = lines.recv().await.expect("a startup line");
+        if let Some(rest) = line.split("listen=").nth(1) {
+            break rest.split_whitespace().next().unwrap().to_string();
+        }
+    };
+    let url = format!("http://{listen}/v1/chat/completions");
+    send(&url, "POST", &chat_request("before"), &[], false).await;
+    wait_for_records(&records, 1).await;
+    let rotated = dir.path().join("records.jsonl.1");
+    std::fs::rename(&records, &rotated).unwrap();
+    let hup = Command::new("kill")
+        .args(["-HUP", &child.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(hup.success());
+    // The reopen is done once the process has logged the SIGHUP and the reload that follows.
+    while !lines
+        .recv()
+        .await
+        .expect("the SIGHUP log line")
+        .contains("SIGHUP")
+    {}
+    send(&url, "POST", &chat_request("after"), &[], false).await;
+    let fresh = wait_for_records(&records, 1).await;
+    assert_eq!(fresh.len(), 1);
+    assert_eq!(fresh[0]["model"], "after");
+    let old = wait_for_records(&rotated, 1).await;
+    assert_eq!(old.len(), 1);
+    assert_eq!(old[0]["model"], "before");
+}

@@ -345,7 +345,7 @@ impl TestProxy {
     }
 
     pub fn metrics(&self) -> String {
-        String::from_utf8(self.running.shared.metrics.render()).unwrap()
+        String::from_utf8(self.running.generations.metrics().render()).unwrap()
     }
 }
 
@@ -364,7 +364,9 @@ pub async fn proxy(upstream: SocketAddr, tweak: impl FnOnce(&mut Config)) -> Tes
         ..Config::default()
     };
     tweak(&mut config);
-    let running = server::start(&config).await.unwrap();
+    let running = server::start(config, None, Default::default())
+        .await
+        .unwrap();
     TestProxy {
         running,
         records,
