@@ -701,3 +701,83 @@ async fn requests_take_the_first_matching_route() {
         );
     }
 }
+
+/// Half the load answers its first token in 20 ms, half in 400 ms, against `ttft: 200ms`:
+/// exactly half is good, the other half is counted as TTFT violations, and every record agrees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_slow_load_is_exactly_half_good() {
+    let upstream = upstream(|seen| {
+        let slow = String::from_utf8_lossy(&seen.body).contains("\"slow\"");
+        let mut s = stream_of(vec![]);
+        s.steps = vec![
+            Step::Write(role_chunk()),
+            Step::Wait(Duration::from_millis(if slow { 400 } else { 20 })),
+            Step::Write(chat_chunk("a")),
+            Step::Wait(Duration::from_millis(5)),
+            Step::Write(chat_chunk("b")),
+            Step::Write(finish_chunk("stop", Some(2))),
+            Step::Write(done()),
+            Step::End,
+        ];
+        s
+    })
+    .await;
+    let proxy = proxy(upstream.addr, |c| {
+        c.routes = tokenmeter::config::Config::parse(
+            "routes:\n  - name: chat\n    match: {path_prefix: /v1/chat/}\n    slo: {ttft: 200ms, objective: 0.99}\n",
+            "t.yaml",
+        )
+        .unwrap()
+        .routes;
+    })
+    .await;
+    let url = proxy.url(CHAT);
+    let sends: Vec<_> = (0..20)
+        .map(|i| {
+            let url = url.clone();
+            tokio::spawn(async move {
+                let model = if i % 2 == 0 { "fast" } else { "slow" };
+                send(&url, "POST", &chat_request(model), &[], false).await
+            })
+        })
+        .collect();
+    for s in sends {
+        assert_eq!(s.await.unwrap().status, 200);
+    }
+    let records = proxy.records(20).await;
+    for r in &records {
+        let ttft = ms(r, "ttft_ms");
+        match r["model"].as_str().unwrap() {
+            "fast" => {
+                assert!(ttft < 200.0, "{r}");
+                assert_eq!(r["slo"], "good", "{r}");
+                assert_eq!(r["violated"], serde_json::json!([]), "{r}");
+            }
+            _ => {
+                assert!(ttft > 200.0, "{r}");
+                assert_eq!(r["slo"], "violated", "{r}");
+                assert_eq!(r["violated"], serde_json::json!(["ttft"]), "{r}");
+            }
+        }
+    }
+    let m = proxy.metrics();
+    for line in [
+        "tokenmeter_slo_eligible_requests_total{model=\"fast\",route=\"chat\"} 10",
+        "tokenmeter_slo_eligible_requests_total{model=\"slow\",route=\"chat\"} 10",
+        "tokenmeter_slo_good_requests_total{model=\"fast\",route=\"chat\"} 10",
+        "tokenmeter_slo_good_requests_total{model=\"slow\",route=\"chat\"} 0",
+        "tokenmeter_slo_violations_total{criterion=\"ttft\",model=\"slow\",route=\"chat\"} 10",
+        "tokenmeter_slo_good_output_tokens_total{model=\"fast\",route=\"chat\"} 20",
+        "tokenmeter_slo_objective_ratio{route=\"chat\"} 0.99",
+        "tokenmeter_slo_threshold_seconds{criterion=\"ttft\",route=\"chat\"} 0.2",
+        // The threshold is a bucket bound: attainment reads exactly from the histogram.
+        "tokenmeter_time_to_first_token_seconds_bucket{model=\"fast\",route=\"chat\",le=\"0.2\"} 10",
+        "tokenmeter_time_to_first_token_seconds_bucket{model=\"slow\",route=\"chat\",le=\"0.2\"} 0",
+    ] {
+        assert!(m.contains(line), "missing {line}\n{m}");
+    }
+    assert!(
+        !m.contains("tokenmeter_slo_violations_total{criterion=\"ttft\",model=\"fast\""),
+        "{m}"
+    );
+}
