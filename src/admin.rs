@@ -1,4 +1,5 @@
-//! The admin listener: `/metrics`, `/healthz` and `/readyz`, apart from client traffic.
+//! The admin listener: `/metrics`, `/healthz`, `/readyz`, and the live view (`/stats` as JSON,
+//! `/` as a page that refreshes itself), apart from client traffic.
 //!
 //! It only reads what requests have published; nothing here is on a request's path.
 
@@ -14,6 +15,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 
+use crate::live::{self, RouteView};
 use crate::recorder::Shared;
 use crate::reload::Generations;
 use crate::server::Health;
@@ -59,14 +61,53 @@ fn respond(req: &Request<Incoming>, shared: &Shared, health: &Health) -> Respons
             );
             response
         }
+        "/stats" => stats(shared),
+        "/" => {
+            let mut response = Response::new(Full::new(Bytes::from_static(live::PAGE.as_bytes())));
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                header::HeaderValue::from_static("text/html; charset=utf-8"),
+            );
+            response
+        }
         "/healthz" => text(StatusCode::OK, "ok\n"),
         "/readyz" if health.is_ready() => text(StatusCode::OK, "ready\n"),
         "/readyz" => text(StatusCode::SERVICE_UNAVAILABLE, "draining\n"),
         _ => text(
             StatusCode::NOT_FOUND,
-            "not found: try /metrics, /healthz or /readyz\n",
+            "not found: try /, /stats, /metrics, /healthz or /readyz\n",
         ),
     }
+}
+
+/// The live view's numbers for every configured route (the default included) and any other
+/// route seen in the last hour.
+fn stats(shared: &Shared) -> Response<Full<Bytes>> {
+    let routes: Vec<RouteView> = shared
+        .router
+        .routes()
+        .map(|r| RouteView {
+            name: r.name.to_string(),
+            objective: r.slo.and_then(|s| s.objective),
+            in_flight: shared.metrics.in_flight_now(&r.name),
+        })
+        .collect();
+    let snapshot = shared.live.snapshot(tokio::time::Instant::now(), &routes);
+    let Ok(body) = serde_json::to_vec(&snapshot) else {
+        return text(StatusCode::INTERNAL_SERVER_ERROR, "cannot encode /stats\n");
+    };
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    // Each fetch must see the numbers of that moment.
+    headers.insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-store"),
+    );
+    response
 }
 
 fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {

@@ -12,6 +12,7 @@ pub mod admin;
 pub mod config;
 pub mod error;
 pub mod forward;
+pub mod live;
 pub mod metrics;
 pub mod proxy;
 pub mod recorder;

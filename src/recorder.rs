@@ -17,6 +17,7 @@ use tokio::time::Instant;
 
 use crate::access_log::{AccessLogSink, Record};
 use crate::forward::Forwarder;
+use crate::live::{self, GapSketch};
 use crate::metrics::{InFlight, Metrics, RequestMetrics};
 use crate::route::{Candidates, RouteInfo, Router};
 use crate::slo::{self, Verdict};
@@ -32,6 +33,8 @@ pub struct Shared {
     pub access_log: Option<AccessLogSink>,
     /// The upstream client; a reload that keeps the upstream keeps its connection pool.
     pub forwarder: Arc<Forwarder>,
+    /// The live view's windows: one per process, carried across reloads.
+    pub live: Arc<crate::live::LiveStats>,
     /// Events larger than this are forwarded but not parsed.
     pub max_event_bytes: usize,
 }
@@ -152,6 +155,8 @@ pub struct Recorder {
     t_first_content: Option<Instant>,
     t_last_token: Option<Instant>,
     max_itl: Option<Duration>,
+    /// Every inter-token gap, for the live view's ITL percentiles; merged once at finish.
+    itl: GapSketch,
     bytes: u64,
     finished: bool,
 }
@@ -197,6 +202,7 @@ impl Recorder {
             t_first_content: None,
             t_last_token: None,
             max_itl: None,
+            itl: GapSketch::default(),
             bytes: 0,
             finished: false,
         };
@@ -308,6 +314,10 @@ impl Recorder {
         };
         let zero_gaps = events.output_events - 1;
         if gap.is_some() || zero_gaps > 0 {
+            if let Some(gap) = gap {
+                self.itl.add(gap);
+            }
+            self.itl.add_zeros(zero_gaps);
             let itl = &self.resolve_handles().itl;
             if let Some(gap) = gap {
                 itl.observe(gap.as_secs_f64());
@@ -422,6 +432,20 @@ impl Recorder {
             shared.metrics.count_finish_reason(&h.route, reason);
         }
         let verdict = self.route().slo.as_ref().map(|slo| slo::judge(slo, f));
+        shared.live.record(
+            self.t_start + f.e2e,
+            &self.route().name,
+            &live::Sample {
+                outcome: f.outcome,
+                verdict: verdict.as_ref(),
+                prompt_tokens: f.prompt_tokens,
+                output_tokens: f.output_tokens,
+                ttft: f.ttft,
+                tpot: f.tpot,
+                e2e: f.e2e,
+                itl: &self.itl,
+            },
+        );
         let h = self.resolve_handles();
         match &verdict {
             Some(Verdict::Good) => {

@@ -235,6 +235,7 @@ fn build(
         metrics: metrics.clone(),
         access_log,
         forwarder,
+        live: previous.map_or_else(Default::default, |p| p.live.clone()),
         max_event_bytes: config.stream.max_event_bytes,
     })
 }

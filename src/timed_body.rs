@@ -111,6 +111,7 @@ mod tests {
                 &config.upstream,
                 &config.timeouts,
             )),
+            live: Default::default(),
             max_event_bytes: 1 << 20,
         });
         let uri: http::Uri = "/v1/chat/completions".parse().unwrap();

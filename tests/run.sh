@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The test command: on a fresh Debian machine with only the Rust toolchain, installs what the
-# tests use (promtool from Debian's prometheus package, curl, the openai Python package), then
-# runs formatting, lints and every test. CI runs exactly this (.ci/run).
+# tests use (promtool from Debian's prometheus package, curl, chromium for the live view's
+# browser test, the openai Python package), then runs formatting, lints and every test.
+# CI runs exactly this (.ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 missing=()
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v python3 >/dev/null 2>&1 || missing+=(python3 python3-pip)
 if ((${#missing[@]})); then
   sudo=""
