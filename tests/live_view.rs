@@ -186,12 +186,7 @@ async fn the_page_shows_what_was_sent() {
     })
     .await;
     let proxy = proxy(upstream.addr, |c| {
-        c.routes = tokenmeter::config::Config::parse(
-            "routes:\n  - name: chat\n    match: {path_prefix: /v1/chat/}\n    slo: {ttft: 200ms, objective: 0.99}\n",
-            "t.yaml",
-        )
-        .unwrap()
-        .routes;
+        c.routes = routes("routes:\n  - name: chat\n    match: {path_prefix: /v1/chat/}\n    slo: {ttft: 200ms, objective: 0.99}\n");
     })
     .await;
 

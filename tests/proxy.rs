@@ -529,35 +529,22 @@ async fn drain_lets_open_streams_finish() {
     let url = proxy.url(CHAT);
     let stream =
         tokio::spawn(async move { send(&url, "POST", &chat_request("m"), &[], false).await });
-    // Wait until the stream is in flight (its head has been answered upstream).
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while !proxy
-        .metrics()
-        .contains("tokenmeter_in_flight_requests{route=\"default\"} 1")
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "stream never started"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let in_flight = "tokenmeter_in_flight_requests{route=\"default\"} 1";
+    eventually("the stream in flight", || {
+        proxy.metrics().contains(in_flight)
+    })
+    .await;
     proxy.running.shutdown();
     let ready = send(&proxy.admin_url("/readyz"), "GET", "", &[], false).await;
     assert_eq!(ready.status, 503);
     let health = send(&proxy.admin_url("/healthz"), "GET", "", &[], false).await;
     assert_eq!(health.status, 200);
     // The listener is closed once the accept loop has seen the shutdown.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while tokio::net::TcpStream::connect(proxy.running.listen)
-        .await
-        .is_ok()
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "listener still open"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let listen = proxy.running.listen;
+    eventually("the listener closed", || {
+        std::net::TcpStream::connect(listen).is_err()
+    })
+    .await;
     let got = stream.await.unwrap();
     assert!(got.body_error.is_none());
     assert!(got.bytes().ends_with(b"data: [DONE]\n\n"));
@@ -585,17 +572,11 @@ async fn the_drain_deadline_bounds_shutdown() {
     let url = proxy.url(CHAT);
     let stream =
         tokio::spawn(async move { send(&url, "POST", &chat_request("m"), &[], false).await });
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while !proxy
-        .metrics()
-        .contains("tokenmeter_in_flight_requests{route=\"default\"} 1")
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "stream never started"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let in_flight = "tokenmeter_in_flight_requests{route=\"default\"} 1";
+    eventually("the stream in flight", || {
+        proxy.metrics().contains(in_flight)
+    })
+    .await;
     let started = tokio::time::Instant::now();
     proxy.running.shutdown();
     let records = proxy.records.clone();
@@ -664,12 +645,7 @@ async fn requests_take_the_first_matching_route() {
     let upstream =
         upstream(|_| stream_of(vec![chat_chunk("a"), finish_chunk("stop", Some(1)), done()])).await;
     let proxy = proxy(upstream.addr, |c| {
-        c.routes = tokenmeter::config::Config::parse(
-            "routes:\n  - name: llama\n    match: {model: \"llama-*\"}\n  - name: chat\n    match: {path_prefix: /v1/chat/}\n",
-            "t.yaml",
-        )
-        .unwrap()
-        .routes;
+        c.routes = routes("routes:\n  - name: llama\n    match: {model: \"llama-*\"}\n  - name: chat\n    match: {path_prefix: /v1/chat/}\n");
     })
     .await;
     for (path, model) in [
@@ -723,12 +699,7 @@ async fn a_half_slow_load_is_exactly_half_good() {
     })
     .await;
     let proxy = proxy(upstream.addr, |c| {
-        c.routes = tokenmeter::config::Config::parse(
-            "routes:\n  - name: chat\n    match: {path_prefix: /v1/chat/}\n    slo: {ttft: 200ms, objective: 0.99}\n",
-            "t.yaml",
-        )
-        .unwrap()
-        .routes;
+        c.routes = routes("routes:\n  - name: chat\n    match: {path_prefix: /v1/chat/}\n    slo: {ttft: 200ms, objective: 0.99}\n");
     })
     .await;
     let url = proxy.url(CHAT);

@@ -35,15 +35,7 @@ fn metrics(running: &Running) -> String {
 
 /// Waits until the metrics show `needle`, for changes the watcher makes on its own.
 async fn wait_for_metric(running: &Running, needle: &str) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !metrics(running).contains(needle) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never saw {needle}\n{}",
-            metrics(running)
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually(needle, || metrics(running).contains(needle)).await;
 }
 
 fn chat_stream() -> Script {
@@ -134,11 +126,7 @@ async fn requests_in_flight_keep_the_slo_they_started_with() {
     let url = format!("http://{}{CHAT}", running.listen);
     let slow =
         tokio::spawn(async move { send(&url, "POST", &chat_request("m"), &[], false).await });
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while !metrics(&running).contains("tokenmeter_in_flight_requests{route=\"chat\"} 1") {
-        assert!(tokio::time::Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_for_metric(&running, "tokenmeter_in_flight_requests{route=\"chat\"} 1").await;
     let strict = "  - name: chat\n    match: {path_prefix: /v1/}\n    slo: {ttft: 10ms}\n";
     std::fs::write(&path, config_text(upstream.addr, &records, strict)).unwrap();
     assert_eq!(running.generations.reload().unwrap(), Reloaded::Swapped);

@@ -565,3 +565,18 @@ pub fn split(data: &[u8], rng: &mut Rng, fixed: Option<usize>) -> Vec<Bytes> {
 }
 
 pub type Shared<T> = Arc<Mutex<T>>;
+
+/// Waits (up to 10 s) until `check` holds, for state the system reaches on its own time
+/// (a stream getting in flight, a watcher noticing a file); fails naming `what` otherwise.
+pub async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Routes from a YAML `routes:` document, checked like a config file.
+pub fn routes(yaml: &str) -> Vec<tokenmeter::config::Route> {
+    Config::parse(yaml, "routes.yaml").unwrap().routes
+}
