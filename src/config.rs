@@ -207,6 +207,30 @@ pub struct Route {
     pub matcher: Match,
     #[serde(default)]
     pub slo: Option<Slo>,
+    /// Pins how responses on this route are read (`openai-chat`, `anthropic`, `tgi`, ...,
+    /// `auto` to decide from the first payload, `unknown` to measure bytes only); without it
+    /// the path, content type and first payload decide.
+    #[serde(default, deserialize_with = "dialect")]
+    pub dialect: Option<crate::stream::Dialect>,
+}
+
+struct DialectVisitor;
+
+// Checked inside the visitor so that serde_yaml names the field and its line.
+impl Visitor<'_> for DialectVisitor {
+    type Value = crate::stream::Dialect;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a dialect name, like openai-chat or anthropic")
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        v.parse().map_err(E::custom)
+    }
+}
+
+fn dialect<'de, D: Deserializer<'de>>(d: D) -> Result<Option<crate::stream::Dialect>, D::Error> {
+    d.deserialize_str(DialectVisitor).map(Some)
 }
 
 /// What a request must look like to take a route; every key given must hold.
@@ -582,6 +606,13 @@ routes:
         let e = err("listen: 127.0.0.1:1\nadmin: 127.0.0.1:1\n");
         assert!(e.contains("admin"), "{e}");
         assert!(Config::parse("listen: 127.0.0.1:0\nadmin: 127.0.0.1:0\n", "t.yaml").is_ok());
+        let e = err("routes:\n  - name: a\n    dialect: openai\n");
+        assert!(
+            e.contains("routes[0].dialect") && e.contains("unknown dialect `openai`"),
+            "{e}"
+        );
+        let c = Config::parse("routes:\n  - name: a\n    dialect: tgi\n", "t.yaml").unwrap();
+        assert_eq!(c.routes[0].dialect, Some(crate::stream::Dialect::Tgi));
         let e = err("routes:\n  - name: a\n    match: {methods: [\"GE T\"]}\n");
         assert!(e.contains("routes[0].match.methods"), "{e}");
     }

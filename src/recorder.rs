@@ -148,8 +148,6 @@ pub struct Recorder {
     status: Option<StatusCode>,
     handles: Option<RequestMetrics>,
     reader: Option<StreamReader>,
-    /// Whether the dialect is known, so that a missing end marker means truncation.
-    expects_end_marker: bool,
     t_first_byte: Option<Instant>,
     t_first_token: Option<Instant>,
     t_first_content: Option<Instant>,
@@ -196,7 +194,6 @@ impl Recorder {
             status: None,
             handles: None,
             reader: None,
-            expects_end_marker: false,
             t_first_byte: None,
             t_first_token: None,
             t_first_content: None,
@@ -251,7 +248,7 @@ impl Recorder {
 
     /// The response head arrived: choose how to read the body and resolve the metric handles.
     pub fn on_head(&mut self, status: StatusCode, headers: &HeaderMap) {
-        self.resolve_route();
+        let pinned = self.route().dialect;
         self.status = Some(status);
         let header = |name| {
             headers
@@ -262,9 +259,9 @@ impl Recorder {
             &self.path,
             header(http::header::CONTENT_TYPE),
             header(http::header::CONTENT_ENCODING),
+            pinned,
         );
         if status.is_success() && framing != Framing::Opaque && dialect != Dialect::Unknown {
-            self.expects_end_marker = matches!(framing, Framing::Sse | Framing::Ndjson);
             self.reader = Some(StreamReader::new(
                 framing,
                 dialect,
@@ -369,7 +366,15 @@ impl Recorder {
             (End::Complete, Some(s)) if s.is_client_error() => Outcome::ClientError,
             (End::Complete, _) => match summary {
                 Some(s) if s.error => Outcome::Error,
-                Some(s) if self.expects_end_marker && !s.end_marker => Outcome::Error,
+                Some(s)
+                    if self
+                        .reader
+                        .as_ref()
+                        .is_some_and(StreamReader::expects_end_marker)
+                        && !s.end_marker =>
+                {
+                    Outcome::Error
+                }
                 _ => Outcome::Ok,
             },
         };

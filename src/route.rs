@@ -12,6 +12,7 @@ use http::{HeaderMap, HeaderName, Method, Uri};
 use wildmatch::WildMatch;
 
 use crate::config::{HeaderMatch, Route, Slo};
+use crate::stream::Dialect;
 
 /// The name of the route that takes every request no configured route matched.
 pub const DEFAULT_ROUTE: &str = "default";
@@ -21,6 +22,8 @@ pub const DEFAULT_ROUTE: &str = "default";
 pub struct RouteInfo {
     pub name: Arc<str>,
     pub slo: Option<Slo>,
+    /// How responses on this route are read, when the config pins it.
+    pub dialect: Option<Dialect>,
 }
 
 struct CompiledRoute {
@@ -68,12 +71,14 @@ impl Router {
         let mut default = Arc::new(RouteInfo {
             name: Arc::from(DEFAULT_ROUTE),
             slo: None,
+            dialect: None,
         });
         let mut compiled = Vec::new();
         for route in routes {
             let info = Arc::new(RouteInfo {
                 name: Arc::from(route.name.as_str()),
                 slo: route.slo,
+                dialect: route.dialect,
             });
             if route.name == DEFAULT_ROUTE {
                 default = info;

@@ -80,30 +80,23 @@ async fn every_fixture_passes_through_byte_for_byte_however_it_is_cut() {
                 assert!(got.bytes() == data, "{name} ({how}, h2={h2}): bytes differ");
             }
             let records = proxy.records(2).await;
-            if path != "/replay" {
-                let want = &expected[&name];
-                for r in &records {
-                    assert_eq!(r["outcome"], want["outcome"], "{name} ({how}): {r}");
-                    assert_eq!(
-                        r["output_tokens"], want["output_tokens"],
-                        "{name} ({how}): {r}"
-                    );
-                    assert_eq!(
-                        r["token_source"], want["token_source"],
-                        "{name} ({how}): {r}"
-                    );
-                    assert_eq!(
-                        r["bytes"].as_u64(),
-                        Some(data.len() as u64),
-                        "{name} ({how})"
-                    );
-                }
-            } else {
-                // A dialect this issue does not read is still measured by bytes.
-                for r in &records {
-                    assert_eq!(r["outcome"], "ok", "{name}: {r}");
-                    assert_eq!(r["bytes"].as_u64(), Some(data.len() as u64), "{name}");
-                }
+            // Every dialect is read: by its path, or (on `/replay`) sniffed from its first events.
+            let want = &expected[&name];
+            for r in &records {
+                assert_eq!(r["outcome"], want["outcome"], "{name} ({how}): {r}");
+                assert_eq!(
+                    r["output_tokens"], want["output_tokens"],
+                    "{name} ({how}): {r}"
+                );
+                assert_eq!(
+                    r["token_source"], want["token_source"],
+                    "{name} ({how}): {r}"
+                );
+                assert_eq!(
+                    r["bytes"].as_u64(),
+                    Some(data.len() as u64),
+                    "{name} ({how})"
+                );
             }
         }
     }
@@ -751,4 +744,27 @@ async fn a_half_slow_load_is_exactly_half_good() {
         !m.contains("tokenmeter_slo_violations_total{criterion=\"ttft\",model=\"fast\""),
         "{m}"
     );
+}
+
+/// A route can pin the dialect: a TGI stream served on a path that says nothing is read as
+/// TGI, and a route pinned to `unknown` is measured by bytes only.
+#[tokio::test]
+async fn a_route_can_pin_the_dialect() {
+    let tgi = std::fs::read(fixtures_dir().join("tgi_generate_stream_flant5_nospace.sse")).unwrap();
+    let upstream = upstream(move |_| stream_of(vec![Bytes::from(tgi.clone())])).await;
+    let proxy = proxy(upstream.addr, |c| {
+        c.routes = routes("routes:\n  - name: tgi\n    match: {path: /custom}\n    dialect: tgi\n  - name: bytes\n    dialect: unknown\n    match: {path: /v1/chat/completions}\n");
+    })
+    .await;
+    send(&proxy.url("/custom"), "POST", "{}", &[], false).await;
+    send(&proxy.url(CHAT), "POST", "{}", &[], false).await;
+    let records = proxy.records(2).await;
+    let by_route = |name: &str| records.iter().find(|r| r["route"] == name).unwrap().clone();
+    let tgi = by_route("tgi");
+    assert_eq!(tgi["output_tokens"], 1, "{tgi}");
+    assert_eq!(tgi["token_source"], "usage", "{tgi}");
+    assert_eq!(tgi["finish_reason"], "length", "{tgi}");
+    let bytes = by_route("bytes");
+    assert_eq!(bytes["ttft_ms"], Value::Null, "{bytes}");
+    assert_eq!(bytes["outcome"], "ok", "{bytes}");
 }

@@ -40,8 +40,13 @@ impl JsonBody {
             // Give the memory back now: the body will not be read.
             self.buf = Vec::new();
         } else {
-            self.buf.extend_from_slice(frame);
+            super::extend_bounded(&mut self.buf, frame, self.max);
         }
+    }
+
+    /// The bytes the buffer holds on to.
+    pub(super) fn capacity(&self) -> usize {
+        self.buf.capacity()
     }
 
     /// The body as it stands, read once the body has ended.

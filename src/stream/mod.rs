@@ -2,14 +2,19 @@
 //!
 //! The proxy shows every data frame to a [`StreamReader`] by reference, after deciding once per
 //! response how the body is framed ([`Framing`]) and which server dialect speaks in it
-//! ([`Dialect`]), with [`detect`]. The reader never sees a frame it could change, keeps state
-//! across frames (an event may be split at any byte) and never panics, whatever the bytes.
+//! ([`Dialect`]), with [`detect`]. When the path does not tell the dialect, the reader learns it
+//! from the first events themselves ([`Dialect::Auto`]). The reader never sees a frame it could
+//! change, keeps state across frames (an event may be split at any byte) and never panics,
+//! whatever the bytes.
 //!
 //! Two layers, kept apart so that a new server API is a small unit: a *framer* cuts the bytes
 //! into events (`sse`, `ndjson`, `json_body`) and knows nothing of what they mean; a *dialect*
 //! (`dialect`) reads one event at a time and says whether it carried output, visible content,
 //! an end marker, usage or an error. This file owns the bookkeeping between the two: event
-//! numbers, first output and content events, and what each frame carried.
+//! numbers, first output and content events, tokens per event, and what each frame carried.
+//!
+//! Memory per stream is bounded: the framers never hold more than `max_event_bytes` of one event
+//! plus [`MAX_EVENT_TYPE_BYTES`] of its SSE type, and the dialects keep a fixed-size state.
 //!
 //! The contract for what counts as output, visible content, an end marker, usage and an error is
 //! `docs/MEASUREMENT.md`.
@@ -23,9 +28,17 @@ mod sse;
 #[cfg(test)]
 mod tests;
 
+use std::fmt;
+use std::str::FromStr;
+
 pub use detect::detect;
 
 use dialect::{Interpreter, Verdict};
+
+/// The longest SSE `event:` name the reader holds; an event with a longer type is oversized.
+/// Real names are short (`response.function_call_arguments.delta` is 38 bytes): the cap keeps
+/// the type buffer from doubling the memory a stream may hold.
+pub const MAX_EVENT_TYPE_BYTES: usize = 128;
 
 /// How a response body is cut into events.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -47,18 +60,93 @@ pub enum Dialect {
     OpenAiChat,
     /// OpenAI legacy completions (`/v1/completions`).
     OpenAiCompletions,
+    /// OpenAI Responses API (`/v1/responses`).
+    OpenAiResponses,
+    /// Anthropic Messages (`/v1/messages`).
+    Anthropic,
+    /// Hugging Face text-generation-inference native API (`/generate_stream`, `/generate`).
+    Tgi,
+    /// Ollama native API (`/api/generate`, `/api/chat`).
+    Ollama,
+    /// llama.cpp server native API (`/completion`).
+    LlamaCpp,
+    /// SGLang native API (`/generate`).
+    SgLang,
+    /// Not decided yet: the first events of the body decide.
+    Auto,
     /// Not recognised: bytes are measured, events are not read.
     Unknown,
 }
 
 impl Dialect {
-    /// The name used in records and logs.
+    /// Every dialect, in the order of their names in [`Dialect::as_str`].
+    pub const ALL: [Dialect; 10] = [
+        Dialect::OpenAiChat,
+        Dialect::OpenAiCompletions,
+        Dialect::OpenAiResponses,
+        Dialect::Anthropic,
+        Dialect::Tgi,
+        Dialect::Ollama,
+        Dialect::LlamaCpp,
+        Dialect::SgLang,
+        Dialect::Auto,
+        Dialect::Unknown,
+    ];
+
+    /// The name used in configuration, records and logs; [`FromStr`] reads it back.
     pub fn as_str(self) -> &'static str {
         match self {
             Dialect::OpenAiChat => "openai-chat",
             Dialect::OpenAiCompletions => "openai-completions",
+            Dialect::OpenAiResponses => "openai-responses",
+            Dialect::Anthropic => "anthropic",
+            Dialect::Tgi => "tgi",
+            Dialect::Ollama => "ollama",
+            Dialect::LlamaCpp => "llamacpp",
+            Dialect::SgLang => "sglang",
+            Dialect::Auto => "auto",
             Dialect::Unknown => "unknown",
         }
+    }
+
+    /// Whether events of this dialect can be read: neither undecided nor unknown.
+    pub fn is_known(self) -> bool {
+        !matches!(self, Dialect::Auto | Dialect::Unknown)
+    }
+}
+
+impl fmt::Display for Dialect {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A dialect name that is not one of [`Dialect::as_str`]'s.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownDialect(pub String);
+
+impl fmt::Display for UnknownDialect {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "unknown dialect `{}`; expected one of ", self.0)?;
+        for (i, d) in Dialect::ALL.iter().enumerate() {
+            let sep = if i == 0 { "" } else { ", " };
+            write!(f, "{sep}`{}`", d.as_str())?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for UnknownDialect {}
+
+impl FromStr for Dialect {
+    type Err = UnknownDialect;
+
+    /// Reads the names of [`Dialect::as_str`], exactly (they are configuration values).
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        Dialect::ALL
+            .into_iter()
+            .find(|d| d.as_str() == name)
+            .ok_or_else(|| UnknownDialect(name.to_owned()))
     }
 }
 
@@ -96,6 +184,10 @@ pub struct FrameEvents {
     pub output_events: u32,
     /// Whether any of them carried visible content (not reasoning, not tool-call arguments).
     pub content: bool,
+    /// Tokens those events carried: from the differences of the stream's cumulative usage when
+    /// it reports one on every event (vLLM's continuous usage stats, SGLang, llama.cpp), else one
+    /// per event. At least `output_events`.
+    pub tokens: u32,
 }
 
 /// What the whole stream said so far.
@@ -109,10 +201,14 @@ pub struct StreamSummary {
     pub first_output_event: Option<u64>,
     /// 1-based number of the first event with visible content.
     pub first_content_event: Option<u64>,
-    /// The latest output token count the stream's own usage reported.
+    /// The latest output token count the stream's own usage reported (its final count once the
+    /// stream has ended; placeholders such as Anthropic's `message_start` count are not taken).
     pub usage_output_tokens: Option<u64>,
     /// The latest prompt token count the stream's own usage reported.
     pub usage_prompt_tokens: Option<u64>,
+    /// The largest number of tokens one output event carried, as cumulative usage differences
+    /// showed; `None` when the stream does not report usage on every event.
+    pub max_tokens_per_event: Option<u64>,
     /// The dialect's end marker was seen (or a non-streaming body arrived whole).
     pub end_marker: bool,
     /// The stream carried an error event.
@@ -135,6 +231,24 @@ trait EventSink {
     fn oversized(&mut self);
 }
 
+/// Appends `bytes` to `buf`, growing it geometrically but never to a capacity past `limit`, so
+/// a buffer that may hold `limit` bytes never costs twice that. Callers check that the bytes fit.
+fn extend_bounded(buf: &mut Vec<u8>, bytes: &[u8], limit: usize) {
+    let need = buf.len().saturating_add(bytes.len());
+    if need > buf.capacity() {
+        // A small first step, then doubling: amortised growth for events split into many small
+        // frames, capped at the limit.
+        let target = buf
+            .capacity()
+            .saturating_mul(2)
+            .max(need)
+            .max(64)
+            .min(limit.max(need));
+        buf.reserve_exact(target - buf.len());
+    }
+    buf.extend_from_slice(bytes);
+}
+
 /// The framer chosen for a response.
 enum Framer {
     Sse(sse::SseFramer),
@@ -144,8 +258,20 @@ enum Framer {
     Off,
 }
 
+impl Framer {
+    fn capacity(&self) -> usize {
+        match self {
+            Framer::Sse(f) => f.capacity(),
+            Framer::Ndjson(f) => f.capacity(),
+            Framer::Json(f) => f.capacity(),
+            Framer::Off => 0,
+        }
+    }
+}
+
 /// Reads one response body, frame by frame, and keeps its [`StreamSummary`].
 pub struct StreamReader {
+    framing: Framing,
     framer: Framer,
     interpreter: Interpreter,
     summary: StreamSummary,
@@ -153,9 +279,11 @@ pub struct StreamReader {
 }
 
 impl StreamReader {
+    /// `dialect` may be [`Dialect::Auto`]: the first events decide it (see [`detect`]).
+    ///
     /// `max_event_bytes`: an event (SSE event / NDJSON line / JSON body) larger than this is
     /// skipped for parsing (counted in `summary.oversized_events`), so the memory a stream holds
-    /// stays bounded by about this much.
+    /// stays bounded: see [`StreamReader::buffered_capacity`].
     pub fn new(framing: Framing, dialect: Dialect, max_event_bytes: usize) -> Self {
         let interpreter = Interpreter::new(dialect);
         // An unknown dialect gives no meaning to events, so cutting them out would be wasted work
@@ -166,7 +294,12 @@ impl StreamReader {
             (Framing::Ndjson, false) => Framer::Ndjson(ndjson::NdjsonFramer::new(max_event_bytes)),
             (Framing::Json, false) => Framer::Json(json_body::JsonBody::new(max_event_bytes)),
         };
+        let interpreter = match framer {
+            Framer::Off => Interpreter::new(Dialect::Unknown),
+            _ => interpreter,
+        };
         StreamReader {
+            framing,
             framer,
             interpreter,
             summary: StreamSummary::default(),
@@ -191,13 +324,15 @@ impl StreamReader {
             Framer::Json(f) => f.feed(data),
             Framer::Off => {}
         }
-        sink.frame
+        let frame = sink.frame;
+        self.stop_if_unknown();
+        frame
     }
 
     /// The body ended cleanly. Flushes a final event that had no trailing blank line or newline
     /// (WHATWG discards such an event, but servers do omit the last blank line and the event is
     /// real), and for [`Framing::Json`] parses the whole body now. Returns what that carried.
-    /// Calling it again does nothing.
+    /// Calling it again does nothing. A dialect still undecided now stays unknown.
     pub fn finish(&mut self) -> FrameEvents {
         if self.finished {
             return FrameEvents::default();
@@ -215,23 +350,55 @@ impl StreamReader {
                 match f.body() {
                     json_body::Body::Empty => {}
                     json_body::Body::Oversized => sink.oversized(),
-                    json_body::Body::Whole(body) => {
-                        sink.summary.events = sink.summary.events.saturating_add(1);
-                        let verdict = sink.interpreter.body(body);
-                        sink.apply(verdict);
-                    }
+                    json_body::Body::Whole(body) => sink.body(body),
                 }
                 // A non-streaming body that arrived whole is complete, whatever it says.
-                sink.summary.end_marker = true;
+                if !sink.interpreter.is_off() {
+                    sink.summary.end_marker = true;
+                }
             }
             Framer::Off => {}
         }
-        sink.frame
+        let frame = sink.frame;
+        if self.interpreter.is_sniffing() {
+            // Nothing in the body told the dialect: it stays unknown, measured by bytes.
+            self.interpreter = Interpreter::new(Dialect::Unknown);
+            self.summary = StreamSummary::default();
+            return FrameEvents::default();
+        }
+        self.stop_if_unknown();
+        frame
     }
 
     /// What the stream said so far.
     pub fn summary(&self) -> &StreamSummary {
         &self.summary
+    }
+
+    /// The dialect being read: the one given, or the one the first events showed; `Auto` while
+    /// they have not shown it yet, `Unknown` once they could not.
+    pub fn dialect(&self) -> Dialect {
+        self.interpreter.dialect()
+    }
+
+    /// Whether a body that ends without the dialect's end marker was cut short: the dialect is
+    /// known and the body is a stream (SSE or NDJSON). A stream whose dialect was never learned
+    /// is judged by its bytes and expects nothing.
+    pub fn expects_end_marker(&self) -> bool {
+        self.dialect().is_known() && matches!(self.framing, Framing::Sse | Framing::Ndjson)
+    }
+
+    /// The bytes the reader holds in its buffers now (their capacities, not their lengths).
+    /// Never more than `max_event_bytes + MAX_EVENT_TYPE_BYTES`.
+    pub fn buffered_capacity(&self) -> usize {
+        self.framer.capacity()
+    }
+
+    /// Once sniffing has given up, nothing more is read and the buffers are given back.
+    fn stop_if_unknown(&mut self) {
+        if self.interpreter.is_off() && !matches!(self.framer, Framer::Off) {
+            self.framer = Framer::Off;
+        }
     }
 }
 
@@ -243,6 +410,27 @@ struct Tally<'a> {
 }
 
 impl Tally<'_> {
+    /// A whole non-streaming body: one event.
+    fn body(&mut self, body: &[u8]) {
+        if self.interpreter.is_off() {
+            return;
+        }
+        self.summary.events = self.summary.events.saturating_add(1);
+        let verdict = self.interpreter.body(body);
+        self.after(verdict);
+    }
+
+    /// Applies a verdict, unless the event was the one that made sniffing give up: then the
+    /// stream is unknown and claims nothing, not even the events counted so far.
+    fn after(&mut self, verdict: Verdict) {
+        if self.interpreter.is_off() {
+            *self.summary = StreamSummary::default();
+            self.frame = FrameEvents::default();
+        } else {
+            self.apply(verdict);
+        }
+    }
+
     fn apply(&mut self, verdict: Verdict) {
         let s = &mut *self.summary;
         let number = s.events;
@@ -251,6 +439,14 @@ impl Tally<'_> {
             s.output_events = s.output_events.saturating_add(1);
             s.first_output_event.get_or_insert(number);
             self.frame.output_events = self.frame.output_events.saturating_add(1);
+            // An event with output carries at least one token, whatever a lagging count says.
+            let tokens = verdict.tokens.unwrap_or(1).max(1);
+            let narrow = u32::try_from(tokens).unwrap_or(u32::MAX);
+            self.frame.tokens = self.frame.tokens.saturating_add(narrow);
+            if verdict.tokens.is_some() {
+                s.max_tokens_per_event =
+                    Some(s.max_tokens_per_event.map_or(tokens, |m| m.max(tokens)));
+            }
         }
         if verdict.content {
             s.first_content_event.get_or_insert(number);
@@ -280,14 +476,22 @@ impl Tally<'_> {
 
 impl EventSink for Tally<'_> {
     fn event(&mut self, event_type: &[u8], data: &[u8]) {
+        if self.interpreter.is_off() {
+            return;
+        }
         self.summary.events = self.summary.events.saturating_add(1);
         let verdict = self.interpreter.event(event_type, data);
-        self.apply(verdict);
+        self.after(verdict);
     }
 
     fn oversized(&mut self) {
+        if self.interpreter.is_off() {
+            return;
+        }
         // Still an event, so the numbers of the events after it stay those of the stream.
         self.summary.events = self.summary.events.saturating_add(1);
         self.summary.oversized_events = self.summary.oversized_events.saturating_add(1);
+        self.interpreter.skipped();
+        self.after(Verdict::default());
     }
 }

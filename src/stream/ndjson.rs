@@ -4,12 +4,12 @@
 //! spaces, tabs and CRs is no event. A last line without its LF is flushed by
 //! [`NdjsonFramer::finish`]. As for SSE, a line that lies wholly in the frame is handed over as a
 //! slice of it; only a line split across frames is copied, into a buffer that keeps its capacity
-//! and never holds more than `max` bytes. A line longer than `max` (counted with its CR, so the
-//! verdict is the same wherever the frames were cut) is skipped and counted once.
+//! and never holds (nor reserves) more than `max` bytes. A line longer than `max` (counted with
+//! its CR, so the verdict is the same wherever the frames were cut) is skipped and counted once.
 
 use memchr::memchr;
 
-use super::EventSink;
+use super::{extend_bounded, EventSink};
 
 /// Buffers larger than this are shrunk after the line that grew them.
 const KEEP_CAPACITY: usize = 64 * 1024;
@@ -68,6 +68,11 @@ impl NdjsonFramer {
         }
     }
 
+    /// The bytes the buffer holds on to.
+    pub(super) fn capacity(&self) -> usize {
+        self.buf.capacity()
+    }
+
     fn push(&mut self, bytes: &[u8]) {
         if self.line != Line::Buffered {
             return;
@@ -76,7 +81,7 @@ impl NdjsonFramer {
             self.line = Line::Skipping;
             self.buf.clear();
         } else {
-            self.buf.extend_from_slice(bytes);
+            extend_bounded(&mut self.buf, bytes, self.max);
         }
     }
 

@@ -15,13 +15,15 @@
 //! when they must outlive the frame (an event or a line that straddles a frame boundary) or be
 //! joined (several data lines). The buffers keep their capacity, so the steady state does not
 //! allocate, and they never hold more than `max` bytes: an event whose data and type exceed that
-//! is dropped as it grows, counted once, and reading resumes at the next blank line. Only the
-//! bytes that matter are held: a comment or an ignored field split across frames is skipped, not
+//! (or whose type alone exceeds [`MAX_EVENT_TYPE_BYTES`]) is dropped as it grows, counted once,
+//! and reading resumes at the next blank line. They grow by doubling but never to a capacity
+//! past what they may hold, so a stream holds at most `max` plus the type's cap. Only the bytes
+//! that matter are held: a comment or an ignored field split across frames is skipped, not
 //! buffered. The result never depends on where the frames were cut.
 
 use memchr::{memchr, memchr2};
 
-use super::EventSink;
+use super::{extend_bounded, EventSink, MAX_EVENT_TYPE_BYTES};
 
 const BOM: [u8; 3] = [0xEF, 0xBB, 0xBF];
 
@@ -230,11 +232,9 @@ impl SseFramer {
                 if self.fits(e0.saturating_sub(s0) + 1 + len, kind_len) {
                     // A second data line: the two must be joined, so they move to the buffer.
                     self.data_buf.clear();
-                    self.data_buf
-                        .extend_from_slice(frame.get(s0..e0).unwrap_or(&[]));
-                    self.data_buf.push(b'\n');
-                    self.data_buf
-                        .extend_from_slice(frame.get(start..end).unwrap_or(&[]));
+                    self.put_data(frame.get(s0..e0).unwrap_or(&[]));
+                    self.put_data(b"\n");
+                    self.put_data(frame.get(start..end).unwrap_or(&[]));
                     self.data = Held::Buf;
                 } else {
                     self.mark_oversized();
@@ -242,9 +242,8 @@ impl SseFramer {
             }
             Held::Buf => {
                 if self.fits(self.data_buf.len() + 1 + len, kind_len) {
-                    self.data_buf.push(b'\n');
-                    self.data_buf
-                        .extend_from_slice(frame.get(start..end).unwrap_or(&[]));
+                    self.put_data(b"\n");
+                    self.put_data(frame.get(start..end).unwrap_or(&[]));
                 } else {
                     self.mark_oversized();
                 }
@@ -362,7 +361,7 @@ impl SseFramer {
             }
             Held::Buf => {
                 if self.fits(self.data_buf.len() + 1, self.kind_len()) {
-                    self.data_buf.push(b'\n');
+                    self.put_data(b"\n");
                 } else {
                     self.mark_oversized();
                 }
@@ -375,7 +374,7 @@ impl SseFramer {
             return;
         }
         if self.fits(self.data_buf.len() + value.len(), self.kind_len()) {
-            self.data_buf.extend_from_slice(value);
+            self.put_data(value);
         } else {
             self.mark_oversized();
         }
@@ -397,7 +396,7 @@ impl SseFramer {
             return;
         }
         if self.fits(self.data_len(), self.kind_buf.len() + value.len()) {
-            self.kind_buf.extend_from_slice(value);
+            self.put_kind(value);
         } else {
             self.mark_oversized();
         }
@@ -429,14 +428,12 @@ impl SseFramer {
     fn detach(&mut self, frame: &[u8]) {
         if let Held::Frame { start, end } = self.data {
             self.data_buf.clear();
-            self.data_buf
-                .extend_from_slice(frame.get(start..end).unwrap_or(&[]));
+            self.put_data(frame.get(start..end).unwrap_or(&[]));
             self.data = Held::Buf;
         }
         if let Held::Frame { start, end } = self.kind {
             self.kind_buf.clear();
-            self.kind_buf
-                .extend_from_slice(frame.get(start..end).unwrap_or(&[]));
+            self.put_kind(frame.get(start..end).unwrap_or(&[]));
             self.kind = Held::Buf;
         }
     }
@@ -456,7 +453,26 @@ impl SseFramer {
     /// checked whether the bytes are in the frame or buffered, so the verdict does not depend on
     /// where frames were cut.
     fn fits(&self, data_len: usize, kind_len: usize) -> bool {
-        data_len.saturating_add(kind_len) <= self.max
+        data_len.saturating_add(kind_len) <= self.max && kind_len <= MAX_EVENT_TYPE_BYTES
+    }
+
+    /// Appends to the data buffer, which never needs more than `max` bytes.
+    fn put_data(&mut self, bytes: &[u8]) {
+        extend_bounded(&mut self.data_buf, bytes, self.max);
+    }
+
+    /// Appends to the type buffer, which never needs more than the type's cap.
+    fn put_kind(&mut self, bytes: &[u8]) {
+        extend_bounded(
+            &mut self.kind_buf,
+            bytes,
+            self.max.min(MAX_EVENT_TYPE_BYTES),
+        );
+    }
+
+    /// The bytes the buffers hold on to.
+    pub(super) fn capacity(&self) -> usize {
+        self.data_buf.capacity() + self.kind_buf.capacity()
     }
 
     fn data_len(&self) -> usize {
@@ -674,6 +690,42 @@ mod tests {
         assert!(framer.data_buf.capacity() <= KEEP_CAPACITY);
     }
 
+    /// An event type longer than its cap makes the event oversized, whatever the limit, so the
+    /// type buffer never holds more than the cap.
+    #[test]
+    fn long_event_types_are_oversized() {
+        let long = "e".repeat(MAX_EVENT_TYPE_BYTES + 1);
+        let at_cap = "e".repeat(MAX_EVENT_TYPE_BYTES);
+        let bytes = format!("event: {long}\ndata: x\n\nevent: {at_cap}\ndata: y\n\n");
+        let want = [Ev::Oversized, ev(&at_cap, "y")];
+        assert_eq!(frames_of(&[bytes.as_bytes()], 1 << 16), want);
+        let bytewise: Vec<&[u8]> = bytes.as_bytes().chunks(1).collect();
+        let mut framer = SseFramer::new(1 << 16);
+        let mut sink = Recorder::default();
+        for frame in bytewise {
+            framer.feed(frame, &mut sink);
+            assert!(framer.kind_buf.capacity() <= MAX_EVENT_TYPE_BYTES);
+        }
+        framer.finish(&mut sink);
+        assert_eq!(sink.events, want);
+    }
+
+    /// The buffers grow by doubling but never past the limit: one split event of exactly the
+    /// limit leaves a buffer of exactly the limit.
+    #[test]
+    fn buffers_never_reserve_past_the_limit() {
+        let mut framer = SseFramer::new(1000);
+        let mut sink = Recorder::default();
+        framer.feed(b"data: ", &mut sink);
+        for _ in 0..100 {
+            framer.feed(&[b'x'; 10], &mut sink);
+            assert!(framer.capacity() <= 1000);
+        }
+        assert_eq!(framer.data_buf.capacity(), 1000);
+        framer.feed(b"\n\n", &mut sink);
+        assert_eq!(sink.events.len(), 1);
+    }
+
     /// The buffer is not touched when every event lies inside its frame: the zero-copy path.
     #[test]
     fn whole_events_are_not_copied() {
@@ -771,7 +823,9 @@ mod tests {
                 b"event" => kind = value.to_vec(),
                 _ => continue,
             }
-            if data.as_ref().map_or(0, Vec::len) + kind.len() > max {
+            if data.as_ref().map_or(0, Vec::len) + kind.len() > max
+                || kind.len() > MAX_EVENT_TYPE_BYTES
+            {
                 oversized = true;
             }
         }

@@ -1,8 +1,9 @@
 //! Tests of the whole reader: the captured fixtures replayed under every kind of frame split,
-//! non-streaming bodies, and properties that must hold for any bytes at all.
+//! with the dialect from the path and from sniffing, non-streaming bodies of every dialect, and
+//! properties that must hold for any bytes at all.
 //!
 //! The framers' own rules are tested beside them (`sse.rs`, `ndjson.rs`), with the [`Recorder`]
-//! sink defined here.
+//! sink defined here; each dialect's rules beside it, in `dialect/`.
 
 use std::path::PathBuf;
 
@@ -15,6 +16,14 @@ fn fixtures_dir() -> PathBuf {
     PathBuf::from(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../shared/fixtures/streams"
+    ))
+}
+
+/// This repository's own streams, written from the servers' documented formats.
+fn own_fixtures_dir() -> PathBuf {
+    PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/streams"
     ))
 }
 
@@ -94,122 +103,206 @@ impl XorShift {
     }
 }
 
-/// Feeds the frames, then finishes; returns the summary and what the frames said in total.
-fn read(
-    framing: Framing,
+/// What reading a body gave: the summary, the dialect read, whether an end marker was
+/// expected, and what the frames said in total.
+#[derive(Debug, Clone, PartialEq)]
+struct Read {
+    summary: StreamSummary,
     dialect: Dialect,
-    max: usize,
-    frames: &[&[u8]],
-) -> (StreamSummary, u64, bool) {
+    expects_end_marker: bool,
+    outputs: u64,
+    content: bool,
+    tokens: u64,
+}
+
+/// Feeds the frames, then finishes. Checks after every frame that the buffers stay within their
+/// bound.
+fn read(framing: Framing, dialect: Dialect, max: usize, frames: &[&[u8]]) -> Read {
     let mut reader = StreamReader::new(framing, dialect, max);
-    let mut outputs = 0u64;
-    let mut content = false;
-    for frame in frames {
-        let got = reader.feed(frame);
+    let (mut outputs, mut content, mut tokens) = (0u64, false, 0u64);
+    let mut add = |got: FrameEvents| {
+        assert!(got.tokens >= got.output_events, "{got:?}");
         outputs += u64::from(got.output_events);
         content |= got.content;
+        tokens += u64::from(got.tokens);
+    };
+    for frame in frames {
+        add(reader.feed(frame));
+        assert!(reader.buffered_capacity() <= max.saturating_add(MAX_EVENT_TYPE_BYTES));
     }
-    let got = reader.finish();
-    outputs += u64::from(got.output_events);
-    content |= got.content;
-    (reader.summary().clone(), outputs, content)
+    add(reader.finish());
+    Read {
+        summary: reader.summary().clone(),
+        dialect: reader.dialect(),
+        expects_end_marker: reader.expects_end_marker(),
+        outputs,
+        content,
+        tokens,
+    }
 }
 
-fn dialect_named(name: &str) -> Option<Dialect> {
-    match name {
-        "openai-chat" => Some(Dialect::OpenAiChat),
-        "openai-completions" => Some(Dialect::OpenAiCompletions),
-        _ => None,
+/// The request path each dialect is served on, as the proxy would see it.
+fn path_for(dialect: &str) -> &'static str {
+    match dialect {
+        "openai-chat" => "/v1/chat/completions",
+        "openai-completions" => "/v1/completions",
+        "openai-responses" => "/v1/responses",
+        "anthropic" => "/v1/messages",
+        "tgi" => "/generate_stream",
+        "ollama" => "/api/generate",
+        "llamacpp" => "/completion",
+        "sglang" => "/generate",
+        other => panic!("no path for dialect {other}"),
     }
 }
 
-fn framing_of_file(name: &str) -> Framing {
+fn content_type_of_file(name: &str) -> &'static str {
     if name.ends_with(".ndjson") {
-        Framing::Ndjson
+        "application/x-ndjson"
     } else {
-        Framing::Sse
+        "text/event-stream"
     }
 }
 
-/// Every fixture of the OpenAI dialects reads as `expected.json` says, as one frame, one byte per
-/// frame and under many random splits, and the frames' own reports add up to the summary.
+/// How many events a captured stream holds: one per `data` line for SSE (every fixture's events
+/// have one), one per non-blank line for NDJSON.
+fn events_in(name: &str, bytes: &[u8]) -> u64 {
+    let lines = bytes.split(|&b| b == b'\n');
+    if name.ends_with(".ndjson") {
+        lines.filter(|l| !l.trim_ascii().is_empty()).count() as u64
+    } else {
+        lines.filter(|l| l.starts_with(b"data")).count() as u64
+    }
+}
+
+/// The outcome the recorder gives a 200 response that ended cleanly, from what the reader says.
+fn outcome(r: &Read) -> &'static str {
+    if r.summary.error || (r.expects_end_marker && !r.summary.end_marker) {
+        "error"
+    } else {
+        "ok"
+    }
+}
+
+/// Checks one reading of a fixture against its `expected.json` entry.
+fn check_fixture(ctx: &str, want: &serde_json::Value, expected_events: u64, r: &Read) {
+    let s = &r.summary;
+    let dialect: Dialect = want["dialect"]
+        .as_str()
+        .and_then(|d| d.parse().ok())
+        .expect("expected.json names a dialect");
+    assert_eq!(r.dialect, dialect, "{ctx}: dialect");
+    assert!(r.expects_end_marker, "{ctx}: a stream of a known dialect");
+    assert_eq!(
+        s.first_output_event,
+        want["first_output_event"].as_u64(),
+        "{ctx}: first output event"
+    );
+    assert_eq!(
+        s.first_content_event,
+        want["first_content_event"].as_u64(),
+        "{ctx}: first content event"
+    );
+    assert_eq!(
+        Some(s.output_events),
+        want["output_events"].as_u64(),
+        "{ctx}: output events"
+    );
+    assert_eq!(
+        s.usage_output_tokens,
+        want["usage_output_tokens"].as_u64(),
+        "{ctx}: usage output tokens"
+    );
+    let tokens = s.usage_output_tokens.unwrap_or(s.output_events);
+    assert_eq!(
+        Some(tokens),
+        want["output_tokens"].as_u64(),
+        "{ctx}: tokens"
+    );
+    let source = if s.usage_output_tokens.is_some() {
+        "usage"
+    } else {
+        "events"
+    };
+    assert_eq!(want["token_source"], source, "{ctx}: token source");
+    assert_eq!(want["outcome"], outcome(r), "{ctx}: outcome");
+    // Optional facts, given by this repository's own fixtures.
+    if let Some(reason) = want.get("finish_reason") {
+        assert_eq!(
+            reason.as_str(),
+            s.finish_reason.map(FinishReason::as_str),
+            "{ctx}: finish reason"
+        );
+    }
+    if let Some(prompt) = want.get("prompt_tokens") {
+        assert_eq!(
+            prompt.as_u64(),
+            s.usage_prompt_tokens,
+            "{ctx}: prompt tokens"
+        );
+    }
+    if let Some(most) = want.get("max_tokens_per_event") {
+        assert_eq!(
+            most.as_u64(),
+            s.max_tokens_per_event,
+            "{ctx}: tokens per event"
+        );
+    }
+    assert_eq!(s.events, expected_events, "{ctx}: events");
+    assert_eq!(s.oversized_events, 0, "{ctx}");
+    assert_eq!(r.outputs, s.output_events, "{ctx}: frames add up");
+    assert_eq!(
+        r.content,
+        s.first_content_event.is_some(),
+        "{ctx}: some frame said content"
+    );
+}
+
+/// Every fixture, shared and our own, reads as its `expected.json` says — with the dialect the
+/// path gives and, separately, with the dialect sniffed from an unknown path — as one frame, one
+/// byte per frame and under many random splits; every reading of a file is the same.
 #[test]
 fn fixtures_read_as_expected_under_every_split() {
-    let dir = fixtures_dir();
-    let expected: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(dir.join("expected.json")).expect("expected.json is readable"),
-    )
-    .expect("expected.json is JSON");
-    let expected = expected.as_object().expect("expected.json is an object");
     let mut checked = 0;
-    for (name, want) in expected {
-        let Some(dialect) = want["dialect"].as_str().and_then(dialect_named) else {
-            continue;
-        };
-        let bytes = std::fs::read(dir.join(name)).expect("fixture is readable");
-        let framing = framing_of_file(name);
-        let data_lines = bytes
-            .split(|&b| b == b'\n')
-            .filter(|line| line.starts_with(b"data"))
-            .count() as u64;
+    for dir in [fixtures_dir(), own_fixtures_dir()] {
+        let expected: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(dir.join("expected.json")).expect("expected.json is readable"),
+        )
+        .expect("expected.json is JSON");
+        let expected = expected.as_object().expect("expected.json is an object");
+        for (name, want) in expected {
+            let bytes = std::fs::read(dir.join(name)).expect("fixture is readable");
+            let dialect_name = want["dialect"].as_str().expect("a dialect name");
+            let path = want
+                .get("path")
+                .and_then(|p| p.as_str())
+                .unwrap_or_else(|| path_for(dialect_name));
+            let content_type = Some(content_type_of_file(name));
+            let events = events_in(name, &bytes);
+            for (how, path) in [("path", path), ("sniffed", "/unknown")] {
+                let (framing, dialect) = detect(path, content_type, None, None);
+                if how == "sniffed" {
+                    assert_eq!(dialect, Dialect::Auto, "{name}: an unknown path sniffs");
+                }
+                let whole = read(framing, dialect, 1 << 20, &[&bytes]);
+                check_fixture(&format!("{name} ({how}, one frame)"), want, events, &whole);
 
-        let whole = read(framing, dialect, 1 << 20, &[&bytes]);
-        let check = |how: &str, (summary, outputs, content): &(StreamSummary, u64, bool)| {
-            let ctx = format!("{name} ({how})");
-            assert_eq!(
-                summary.first_output_event,
-                want["first_output_event"].as_u64(),
-                "{ctx}: first output event"
-            );
-            assert_eq!(
-                summary.first_content_event,
-                want["first_content_event"].as_u64(),
-                "{ctx}: first content event"
-            );
-            assert_eq!(
-                Some(summary.output_events),
-                want["output_events"].as_u64(),
-                "{ctx}: output events"
-            );
-            assert_eq!(
-                summary.usage_output_tokens,
-                want["usage_output_tokens"].as_u64(),
-                "{ctx}: usage output tokens"
-            );
-            let tokens = summary.usage_output_tokens.unwrap_or(summary.output_events);
-            assert_eq!(
-                Some(tokens),
-                want["output_tokens"].as_u64(),
-                "{ctx}: tokens"
-            );
-            let ok = summary.end_marker && !summary.error;
-            assert_eq!(ok, want["outcome"] == "ok", "{ctx}: outcome");
-            assert_eq!(summary.events, data_lines, "{ctx}: one event per data line");
-            assert_eq!(summary.oversized_events, 0, "{ctx}");
-            assert_eq!(*outputs, summary.output_events, "{ctx}: frames add up");
-            assert_eq!(
-                *content,
-                summary.first_content_event.is_some(),
-                "{ctx}: some frame said content"
-            );
-        };
-        check("one frame", &whole);
+                let bytewise: Vec<&[u8]> = bytes.chunks(1).collect();
+                let by_byte = read(framing, dialect, 1 << 20, &bytewise);
+                check_fixture(&format!("{name} ({how}, bytewise)"), want, events, &by_byte);
+                assert_eq!(by_byte, whole, "{name} ({how}): byte-wise reading");
 
-        let bytewise: Vec<&[u8]> = bytes.chunks(1).collect();
-        let by_byte = read(framing, dialect, 1 << 20, &bytewise);
-        check("one byte per frame", &by_byte);
-        assert_eq!(by_byte.0, whole.0, "{name}: byte-wise summary");
-
-        for seed in 0..300 {
-            let cuts = XorShift::new(seed).cuts(bytes.len());
-            let frames = split_at_points(&bytes, &cuts);
-            let split = read(framing, dialect, 1 << 20, &frames);
-            check(&format!("seed {seed}"), &split);
-            assert_eq!(split.0, whole.0, "{name}: seed {seed} summary");
+                for seed in 0..200 {
+                    let cuts = XorShift::new(seed).cuts(bytes.len());
+                    let frames = split_at_points(&bytes, &cuts);
+                    let split = read(framing, dialect, 1 << 20, &frames);
+                    assert_eq!(split, whole, "{name} ({how}): seed {seed}");
+                }
+            }
+            checked += 1;
         }
-        checked += 1;
     }
-    assert!(checked >= 9, "only {checked} fixtures were checked");
+    assert!(checked >= 25, "only {checked} fixtures were checked");
 }
 
 /// Fixtures that carry a finish reason report the right one.
@@ -224,16 +317,32 @@ fn fixture_finish_reasons() {
         ),
         ("cerebras_chat_no_done.sse", FinishReason::Length),
         ("openai_completions_babbage_usage.sse", FinishReason::Length),
+        ("anthropic_messages_basic.sse", FinishReason::Stop),
+        ("anthropic_messages_tool_use.sse", FinishReason::ToolCalls),
+        ("openai_responses_two_messages.sse", FinishReason::Stop),
+        (
+            "openai_responses_error_then_failed.sse",
+            FinishReason::Error,
+        ),
+        ("ollama_generate_stream.ndjson", FinishReason::Stop),
+        (
+            "ollama_generate_error_midstream.ndjson",
+            FinishReason::Error,
+        ),
+        (
+            "tgi_generate_stream_flant5_nospace.sse",
+            FinishReason::Length,
+        ),
     ];
     for (name, reason) in cases {
         let bytes = std::fs::read(fixtures_dir().join(name)).expect("fixture is readable");
-        let dialect = if name.contains("completions") {
-            Dialect::OpenAiCompletions
+        let framing = if name.ends_with(".ndjson") {
+            Framing::Ndjson
         } else {
-            Dialect::OpenAiChat
+            Framing::Sse
         };
-        let (summary, _, _) = read(Framing::Sse, dialect, 1 << 20, &[&bytes]);
-        assert_eq!(summary.finish_reason, Some(reason), "{name}");
+        let r = read(framing, Dialect::Auto, 1 << 20, &[&bytes]);
+        assert_eq!(r.summary.finish_reason, Some(reason), "{name}");
     }
 }
 
@@ -248,18 +357,23 @@ fn unknown_dialect_reads_nothing() {
         Framing::Json,
         Framing::Opaque,
     ] {
-        let (summary, outputs, _) = read(framing, Dialect::Unknown, 1 << 20, &[&bytes]);
-        assert_eq!(summary, StreamSummary::default(), "{framing:?}");
-        assert_eq!(outputs, 0);
+        let r = read(framing, Dialect::Unknown, 1 << 20, &[&bytes]);
+        assert_eq!(r.summary, StreamSummary::default(), "{framing:?}");
+        assert_eq!(r.outputs, 0);
+        assert!(!r.expects_end_marker);
     }
     let chat = std::fs::read(fixtures_dir().join("openai_chat_gpt4o_basic_usage.sse"))
         .expect("fixture is readable");
-    let (summary, _, _) = read(Framing::Opaque, Dialect::OpenAiChat, 1 << 20, &[&chat]);
-    assert_eq!(
-        summary,
-        StreamSummary::default(),
-        "opaque bodies are not read"
-    );
+    for dialect in [Dialect::OpenAiChat, Dialect::Auto] {
+        let r = read(Framing::Opaque, dialect, 1 << 20, &[&chat]);
+        assert_eq!(
+            r.summary,
+            StreamSummary::default(),
+            "opaque bodies are not read"
+        );
+        assert_eq!(r.dialect, Dialect::Unknown);
+        assert!(!r.expects_end_marker);
+    }
 }
 
 /// The frame that completes the first output-bearing event is the one that reports it: this is
@@ -282,7 +396,8 @@ fn output_is_reported_by_the_frame_that_completes_the_event() {
         done,
         FrameEvents {
             output_events: 2,
-            content: true
+            content: true,
+            tokens: 2,
         }
     );
     let s = reader.summary();
@@ -304,7 +419,7 @@ fn reasoning_then_content() {
         data: {\"choices\":[{\"delta\":{\"reasoning_content\":\".\"}}]}\n\n\
         data: {\"choices\":[{\"delta\":{\"content\":\"42\"}}]}\n\n\
         data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4}}\n\n";
-    let (s, _, _) = read(Framing::Sse, Dialect::OpenAiChat, 1 << 16, &[stream]);
+    let s = read(Framing::Sse, Dialect::OpenAiChat, 1 << 16, &[stream]).summary;
     assert_eq!(s.first_output_event, Some(2));
     assert_eq!(s.first_content_event, Some(4));
     assert_eq!(s.output_events, 3);
@@ -330,7 +445,7 @@ fn cumulative_usage_keeps_the_latest() {
         );
     }
     stream.extend_from_slice(b"data: [DONE]\n\n");
-    let (s, _, _) = read(Framing::Sse, Dialect::OpenAiChat, 1 << 16, &[&stream]);
+    let s = read(Framing::Sse, Dialect::OpenAiChat, 1 << 16, &[&stream]).summary;
     assert_eq!(s.usage_output_tokens, Some(5));
     assert_eq!(s.output_events, 5);
 }
@@ -342,7 +457,7 @@ fn error_inside_a_stream() {
         data: {\"error\":{\"message\":\"upstream overloaded\",\"code\":503}}\n\n\
         data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n\
         data: [DONE]\n\n";
-    let (s, _, _) = read(Framing::Sse, Dialect::OpenAiChat, 1 << 16, &[stream]);
+    let s = read(Framing::Sse, Dialect::OpenAiChat, 1 << 16, &[stream]).summary;
     assert!(s.error);
     assert!(s.end_marker);
     assert_eq!(s.finish_reason, Some(FinishReason::Error));
@@ -354,7 +469,7 @@ fn error_inside_a_stream() {
 fn garbage_payloads_are_ignored() {
     let stream = b"data: {not json\n\ndata: \xff\xfe\xfd\n\nevent: ping\n\n\
         data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n";
-    let (s, _, _) = read(Framing::Sse, Dialect::OpenAiChat, 1 << 16, &[stream]);
+    let s = read(Framing::Sse, Dialect::OpenAiChat, 1 << 16, &[stream]).summary;
     assert_eq!(s.events, 4);
     assert_eq!(s.first_output_event, Some(4));
     assert!(!s.error);
@@ -375,7 +490,11 @@ fn oversized_event_is_skipped_and_reading_resumes() {
         stream.chunks(1).collect::<Vec<_>>(),
         stream.chunks(7).collect(),
     ] {
-        let (s, outputs, _) = read(Framing::Sse, Dialect::OpenAiChat, 256, &frames);
+        let Read {
+            summary: s,
+            outputs,
+            ..
+        } = read(Framing::Sse, Dialect::OpenAiChat, 256, &frames);
         assert_eq!(s.oversized_events, 1);
         assert_eq!(s.events, 3);
         assert_eq!(s.output_events, 1);
@@ -393,7 +512,11 @@ fn ndjson_chat() {
         \n   \n\
         {\"choices\":[{\"delta\":{\"content\":\"b\"},\"finish_reason\":\"stop\"}]}";
     for frames in [vec![&stream[..]], stream.chunks(1).collect::<Vec<_>>()] {
-        let (s, outputs, _) = read(Framing::Ndjson, Dialect::OpenAiChat, 1 << 16, &frames);
+        let Read {
+            summary: s,
+            outputs,
+            ..
+        } = read(Framing::Ndjson, Dialect::OpenAiChat, 1 << 16, &frames);
         assert_eq!(s.events, 3, "blank lines are not events");
         assert_eq!(s.output_events, 2);
         assert_eq!(outputs, 2);
@@ -423,7 +546,8 @@ fn json_chat_completion() {
         last,
         FrameEvents {
             output_events: 1,
-            content: true
+            content: true,
+            tokens: 1,
         }
     );
     assert_eq!(s.events, 1);
@@ -444,7 +568,8 @@ fn json_chat_completion_with_reasoning_only() {
         last,
         FrameEvents {
             output_events: 1,
-            content: false
+            content: false,
+            tokens: 1,
         }
     );
     assert_eq!(s.first_output_event, Some(1));
@@ -460,7 +585,8 @@ fn json_completion() {
         last,
         FrameEvents {
             output_events: 1,
-            content: true
+            content: true,
+            tokens: 1,
         }
     );
     assert_eq!(s.usage_output_tokens, Some(7));
@@ -521,30 +647,265 @@ fn finish_is_once() {
     assert_eq!(reader.summary().events, 1);
 }
 
-/// Byte pieces that make SSE-like input likely, with random bytes mixed in.
+/// The tokens each frame reports follow the cumulative usage: vLLM's continuous usage stats with
+/// speculative decoding put three tokens in one chunk.
+#[test]
+fn frames_report_tokens_from_cumulative_usage() {
+    let bytes = std::fs::read(own_fixtures_dir().join("vllm_chat_continuous_usage.sse"))
+        .expect("fixture is readable");
+    let mut reader = StreamReader::new(Framing::Sse, Dialect::OpenAiChat, 1 << 16);
+    let per_event: Vec<u32> = bytes
+        .split_inclusive(|&b| b == b'\n')
+        .map(|line| reader.feed(line))
+        .filter(|f| f.output_events > 0)
+        .map(|f| f.tokens)
+        .collect();
+    reader.finish();
+    assert_eq!(per_event, [1, 3, 1, 1, 1]);
+    let s = reader.summary();
+    assert_eq!(s.max_tokens_per_event, Some(3));
+    assert_eq!(s.usage_output_tokens, Some(8));
+    // Without running counts, tokens are one per event and the largest is unknown.
+    let plain = std::fs::read(fixtures_dir().join("openai_chat_gpt4o_basic_usage.sse"))
+        .expect("fixture is readable");
+    let r = read(Framing::Sse, Dialect::OpenAiChat, 1 << 20, &[&plain]);
+    assert_eq!(r.tokens, r.outputs);
+    assert_eq!(r.summary.max_tokens_per_event, None);
+}
+
+/// Anthropic's `message_start` says `output_tokens: 1` before anything was generated; a stream
+/// cut before `message_delta` must never report that placeholder as its output count.
+#[test]
+fn anthropic_placeholder_is_never_the_count() {
+    let stream = b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":11,\"output_tokens\":1}}}\n\n\
+        event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hel\"}}\n\n\
+        event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"lo\"}}\n\n";
+    let r = read(Framing::Sse, Dialect::Anthropic, 1 << 16, &[stream]);
+    assert_eq!(r.summary.usage_output_tokens, None);
+    assert_eq!(r.summary.usage_prompt_tokens, Some(11));
+    assert_eq!(r.summary.output_events, 2);
+    assert_eq!(outcome(&r), "error", "cut before message_stop");
+}
+
+/// A stream whose first events match no dialect stays unknown: it claims nothing, expects no
+/// end marker, and gives its buffers back.
+#[test]
+fn sniffing_that_finds_nothing_leaves_the_stream_unknown() {
+    let mut stream = Vec::new();
+    for i in 0..20 {
+        stream.extend_from_slice(format!("data: {{\"tick\":{i}}}\n\n").as_bytes());
+    }
+    stream.extend_from_slice(b"data: {\"choices\":[{\"delta\":{\"content\":\"late\"}}]}\n\n");
+    let r = read(Framing::Sse, Dialect::Auto, 1 << 16, &[&stream]);
+    assert_eq!(r.summary, StreamSummary::default());
+    assert_eq!(r.dialect, Dialect::Unknown);
+    assert!(!r.expects_end_marker);
+    let mut reader = StreamReader::new(Framing::Sse, Dialect::Auto, 1 << 16);
+    for chunk in stream.chunks(5) {
+        reader.feed(chunk);
+    }
+    assert_eq!(reader.dialect(), Dialect::Unknown);
+    assert_eq!(reader.buffered_capacity(), 0);
+
+    // Undecided when the body ends: unknown too, whatever was counted.
+    let r = read(
+        Framing::Ndjson,
+        Dialect::Auto,
+        1 << 16,
+        &[b"{\"a\":1}\n[DONE]\n"],
+    );
+    assert_eq!(r.summary, StreamSummary::default());
+    assert_eq!(r.dialect, Dialect::Unknown);
+    // Nothing came at all.
+    let r = read(Framing::Sse, Dialect::Auto, 1 << 16, &[]);
+    assert_eq!((r.dialect, r.expects_end_marker), (Dialect::Unknown, false));
+}
+
+/// Events before the one that shows the dialect keep their numbers: TTFT falls on the right one.
+#[test]
+fn sniffing_keeps_event_numbers() {
+    let stream = b"data: {\"keepalive\":true}\n\n: comment\n\n\
+        data: {\"model\":\"m\",\"created_at\":\"t\",\"response\":\"Hi\",\"done\":false}\n\n\
+        data: {\"model\":\"m\",\"created_at\":\"t\",\"response\":\"\",\"done\":true,\"eval_count\":1}\n\n";
+    let r = read(Framing::Sse, Dialect::Auto, 1 << 16, &[stream]);
+    assert_eq!(r.dialect, Dialect::Ollama);
+    assert_eq!(r.summary.events, 3);
+    assert_eq!(r.summary.first_output_event, Some(2));
+    assert!(r.summary.end_marker && r.expects_end_marker);
+}
+
+/// A body over the limit, split into small frames, never makes the reader hold more than the
+/// limit (plus the event type's cap), for every framing.
+#[test]
+fn memory_stays_bounded_for_every_framing() {
+    let max = 4096;
+    let mut sse = b"event: message_start\ndata: ".to_vec();
+    sse.extend_from_slice(&[b'x'; 100_000]);
+    sse.extend_from_slice(b"\n\ndata: [DONE]\n\n");
+    let mut ndjson = vec![b'{'; 100_000];
+    ndjson.extend_from_slice(b"\n{}\n");
+    let json = vec![b' '; 100_000];
+    for (framing, bytes) in [
+        (Framing::Sse, &sse),
+        (Framing::Ndjson, &ndjson),
+        (Framing::Json, &json),
+    ] {
+        for dialect in [Dialect::OpenAiChat, Dialect::Auto] {
+            let mut reader = StreamReader::new(framing, dialect, max);
+            let mut most = 0;
+            for frame in bytes.chunks(7) {
+                reader.feed(frame);
+                most = most.max(reader.buffered_capacity());
+            }
+            reader.finish();
+            assert!(
+                most <= max + MAX_EVENT_TYPE_BYTES,
+                "{framing:?} {dialect:?}: {most}"
+            );
+            assert!(most > 0, "{framing:?} {dialect:?}: something was buffered");
+        }
+    }
+}
+
+/// Non-streaming bodies of every dialect, told by sniffing (an unknown path) and by their path.
+#[test]
+fn json_bodies_of_every_dialect() {
+    /// Path, body, the dialect it is, its output count, whether it carried output.
+    type Case = (&'static str, &'static [u8], Dialect, Option<u64>, bool);
+    let cases: [Case; 8] = [
+        (
+            "/v1/responses",
+            br#"{"id":"resp_1","object":"response","status":"completed","output":[{"type":"message","content":[{"type":"output_text","text":"Hi"}]}],"usage":{"input_tokens":5,"output_tokens":2}}"#,
+            Dialect::OpenAiResponses,
+            Some(2),
+            true,
+        ),
+        (
+            "/v1/messages",
+            br#"{"id":"msg_1","type":"message","role":"assistant","content":[{"type":"text","text":"Hi"}],"stop_reason":"end_turn","usage":{"input_tokens":5,"output_tokens":3}}"#,
+            Dialect::Anthropic,
+            Some(3),
+            true,
+        ),
+        (
+            "/generate",
+            br#"{"generated_text":"Hi there","details":{"finish_reason":"length","generated_tokens":4,"seed":null}}"#,
+            Dialect::Tgi,
+            Some(4),
+            true,
+        ),
+        (
+            "/generate",
+            br#"{"text":" Paris.","output_ids":[1,2],"meta_info":{"id":"x","finish_reason":{"type":"stop","matched":2},"prompt_tokens":5,"completion_tokens":3}}"#,
+            Dialect::SgLang,
+            Some(3),
+            true,
+        ),
+        (
+            "/api/chat",
+            br#"{"model":"llama3.2","created_at":"2024-01-01T00:00:00Z","message":{"role":"assistant","content":"Hi"},"done":true,"done_reason":"stop","prompt_eval_count":8,"eval_count":5}"#,
+            Dialect::Ollama,
+            Some(5),
+            true,
+        ),
+        (
+            "/completion",
+            br#"{"index":0,"content":"Paris","tokens":[],"id_slot":0,"stop":true,"tokens_predicted":6,"tokens_evaluated":4,"stop_type":"eos"}"#,
+            Dialect::LlamaCpp,
+            Some(6),
+            true,
+        ),
+        (
+            "/v1/chat/completions",
+            br#"{"object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":7}}"#,
+            Dialect::OpenAiChat,
+            Some(7),
+            true,
+        ),
+        (
+            "/v1/completions",
+            br#"{"object":"text_completion","choices":[{"text":"","index":0,"finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":0}}"#,
+            Dialect::OpenAiCompletions,
+            Some(0),
+            false,
+        ),
+    ];
+    for (path, body, dialect, tokens, output) in cases {
+        for path in [path, "/unknown"] {
+            let (framing, detected) = detect(path, Some("application/json"), None, None);
+            if path == "/unknown" {
+                assert_eq!(detected, Dialect::Auto);
+            }
+            let (s, last) = read_json(detected, body, 1 << 16);
+            let ctx = format!("{dialect:?} at {path}");
+            assert_eq!(framing, Framing::Json, "{ctx}");
+            assert_eq!(s.usage_output_tokens, tokens, "{ctx}");
+            assert_eq!(last.output_events, u32::from(output), "{ctx}");
+            assert!(s.end_marker && !s.error, "{ctx}");
+            let mut reader = StreamReader::new(framing, detected, 1 << 16);
+            reader.feed(body);
+            reader.finish();
+            assert_eq!(reader.dialect(), dialect, "{ctx}");
+            assert!(
+                !reader.expects_end_marker(),
+                "{ctx}: a whole body expects no marker"
+            );
+        }
+    }
+    // A JSON body nothing recognises is unknown, and claims nothing.
+    let mut reader = StreamReader::new(Framing::Json, Dialect::Auto, 1 << 16);
+    reader.feed(b"<html>502</html>");
+    reader.finish();
+    assert_eq!(reader.dialect(), Dialect::Unknown);
+    assert_eq!(reader.summary(), &StreamSummary::default());
+}
+
+/// Byte pieces that make SSE-like input of every dialect likely, with random bytes mixed in.
 fn sse_piece() -> impl Strategy<Value = Vec<u8>> {
+    let payloads: Vec<&'static [u8]> = vec![
+        br#"{"choices":[{"delta":{"content":"h\u00e9"}}]}"#,
+        br#"{"choices":[{"delta":{"reasoning":"r"},"finish_reason":null}]}"#,
+        br#"{"choices":[],"usage":{"completion_tokens":3,"prompt_tokens":2}}"#,
+        br#"{"choices":[{"index":0,"delta":{"content":"a"}}],"usage":{"completion_tokens":5}}"#,
+        br#"{"choices":[{"delta":{},"finish_reason":"stop"}]}"#,
+        br#"{"object":"chat.completion.chunk","choices":[]}"#,
+        br#"{"error":{"message":"x"}}"#,
+        br#"{"type":"message_start","message":{"usage":{"input_tokens":3,"output_tokens":1}}}"#,
+        br#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi"}}"#,
+        br#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":6}}"#,
+        br#"{"type":"response.output_text.delta","delta":"x"}"#,
+        br#"{"type":"response.completed","response":{"status":"completed","usage":{"output_tokens":4}}}"#,
+        br#"{"index":1,"token":{"id":3,"text":" ","special":false},"generated_text":null,"details":null}"#,
+        br#"{"token":{"special":true},"generated_text":"","details":{"finish_reason":"length","generated_tokens":1}}"#,
+        br#"{"model":"m","created_at":"t","response":"a","done":false}"#,
+        br#"{"model":"m","created_at":"t","message":{"thinking":"t"},"done":true,"eval_count":9}"#,
+        br#"{"content":"x","stop":false,"tokens_predicted":2}"#,
+        br#"{"content":"","stop":true,"stop_type":"eos","tokens_predicted":4}"#,
+        br#"{"text":"ab","meta_info":{"completion_tokens":2,"finish_reason":null}}"#,
+        br#"{"text":"abcd","meta_info":{"completion_tokens":5,"finish_reason":{"type":"abort"}}}"#,
+    ];
     prop_oneof![
-        Just(b"data: ".to_vec()),
-        Just(b"data:".to_vec()),
-        Just(b"data".to_vec()),
-        Just(b"event: error".to_vec()),
-        Just(b"event".to_vec()),
-        Just(b": ping".to_vec()),
-        Just(b"id: 7".to_vec()),
-        Just(b"\n".to_vec()),
-        Just(b"\r".to_vec()),
-        Just(b"\r\n".to_vec()),
-        Just(b"\n\n".to_vec()),
-        Just(b" ".to_vec()),
-        Just(b"[DONE]".to_vec()),
-        Just(br#"{"choices":[{"delta":{"content":"h\u00e9"}}]}"#.to_vec()),
-        Just(br#"{"choices":[{"delta":{"reasoning":"r"},"finish_reason":null}]}"#.to_vec()),
-        Just(br#"{"choices":[],"usage":{"completion_tokens":3,"prompt_tokens":2}}"#.to_vec()),
-        Just(br#"{"choices":[{"delta":{},"finish_reason":"stop"}]}"#.to_vec()),
-        Just(br#"{"error":{"message":"x"}}"#.to_vec()),
-        Just("é€".as_bytes().to_vec()),
-        Just(vec![0xEF, 0xBB, 0xBF]),
-        proptest::collection::vec(any::<u8>(), 0..12),
+        4 => prop_oneof![
+            Just(b"data: ".to_vec()),
+            Just(b"data:".to_vec()),
+            Just(b"data".to_vec()),
+            Just(b"event: error".to_vec()),
+            Just(b"event: message_stop".to_vec()),
+            Just(b"event: response.output_text.delta".to_vec()),
+            Just(b"event".to_vec()),
+            Just(b": ping".to_vec()),
+            Just(b"id: 7".to_vec()),
+            Just(b"\n".to_vec()),
+            Just(b"\r".to_vec()),
+            Just(b"\r\n".to_vec()),
+            Just(b"\n\n".to_vec()),
+            Just(b" ".to_vec()),
+            Just(b"[DONE]".to_vec()),
+            Just("é€".as_bytes().to_vec()),
+            Just(vec![0xEF, 0xBB, 0xBF]),
+        ],
+        3 => proptest::sample::select(payloads).prop_map(<[u8]>::to_vec),
+        1 => proptest::collection::vec(any::<u8>(), 0..12),
     ]
 }
 
@@ -555,28 +916,34 @@ fn sse_like() -> impl Strategy<Value = Vec<u8>> {
     ]
 }
 
+fn any_dialect() -> impl Strategy<Value = Dialect> {
+    proptest::sample::select(Dialect::ALL.to_vec())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
-    /// Whatever the bytes and wherever the frames are cut, the reader never panics and reads
-    /// exactly what it reads from one frame; the frames' reports add up to the summary.
+    /// Whatever the bytes, the dialect and wherever the frames are cut, the reader never panics,
+    /// stays within its memory bound and reads exactly what it reads from one frame; the frames'
+    /// reports add up to the summary.
     #[test]
     fn split_invariance(
         bytes in sse_like(),
         points in proptest::collection::vec(any::<usize>(), 0..24),
         max in prop_oneof![Just(1usize << 16), 0usize..120],
         framing in prop_oneof![Just(Framing::Sse), Just(Framing::Ndjson), Just(Framing::Json)],
+        dialect in any_dialect(),
     ) {
         let points: Vec<usize> = points.iter().map(|p| p % (bytes.len() + 1)).collect();
         let frames = split_at_points(&bytes, &points);
-        let whole = read(framing, Dialect::OpenAiChat, max, &[&bytes]);
-        let split = read(framing, Dialect::OpenAiChat, max, &frames);
-        prop_assert_eq!(&split.0, &whole.0);
-        prop_assert_eq!(split.1, split.0.output_events);
-        prop_assert_eq!(whole.1, whole.0.output_events);
-        prop_assert_eq!(split.2, split.0.first_content_event.is_some());
+        let whole = read(framing, dialect, max, &[&bytes]);
+        let split = read(framing, dialect, max, &frames);
+        prop_assert_eq!(&split, &whole);
+        prop_assert_eq!(whole.outputs, whole.summary.output_events);
+        prop_assert_eq!(whole.content, whole.summary.first_content_event.is_some());
+        prop_assert!(whole.tokens >= whole.outputs);
         let bytewise: Vec<&[u8]> = bytes.chunks(1).collect();
-        let by_byte = read(framing, Dialect::OpenAiChat, max, &bytewise);
-        prop_assert_eq!(&by_byte.0, &whole.0);
+        let by_byte = read(framing, dialect, max, &bytewise);
+        prop_assert_eq!(&by_byte, &whole);
     }
 }

@@ -12,14 +12,21 @@
 //!
 //! Both: `[DONE]` or any non-null `finish_reason` is the end marker (Cerebras never sends
 //! `[DONE]`); `usage` may come in a trailing `choices: []` chunk, inside the finish chunk, or
-//! cumulatively on every chunk; a top-level `error` (or `"object": "error"`, or an SSE event
-//! named `error`) is an error. A payload that is not JSON is ignored, not an error: a stream is
-//! judged by its end marker, not by one odd line.
+//! cumulatively on every chunk; the latest is the count (with `n > 1` the trailing chunk holds
+//! the sum over choices). A chunk of one choice that carries usage gives that choice's running
+//! count (vLLM's `continuous_usage_stats`), so the tokens of an output event are the growth of
+//! its choice's count since the choice's last output event; a chunk without choices holds a
+//! total, not a running count, and is not used for that. A top-level `error` (or
+//! `"object": "error"`, or an SSE event named `error`) is an error. A payload that is not JSON
+//! is ignored, not an error: a stream is judged by its end marker, not by one odd line. Unknown
+//! fields (`id`, `logprobs`, `obfuscation`, ...) are skipped unread.
 
 use serde::de::{Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
 
-use super::{Alarm, Count, Finish, FinishReason, Shape, Verdict};
+use super::{
+    is_done, Alarm, Count, Finish, FinishReason, Index, Shape, ToolCalls, Tracks, Verdict,
+};
 
 /// One chunk of a stream, or a whole body: only the fields that matter here. Everything else
 /// (`id`, `logprobs`, `system_fingerprint`, `obfuscation`, ...) is skipped by serde unread.
@@ -46,6 +53,8 @@ struct Usage {
 /// One element of `choices`.
 #[derive(Deserialize)]
 struct Choice {
+    #[serde(default)]
+    index: Index,
     #[serde(default)]
     delta: Option<Message>,
     #[serde(default)]
@@ -87,57 +96,6 @@ impl Message {
     }
 }
 
-/// Whether `tool_calls` holds at least one call.
-///
-/// Each call is read as a small typed object rather than skipped whole: to skip nested containers
-/// serde_json keeps a stack that allocates, once per event, and tool-call streams would pay it on
-/// every chunk.
-#[derive(Debug, Default)]
-struct ToolCalls(bool);
-
-/// One tool call; nothing of it is kept, only its nesting is walked.
-#[derive(Deserialize)]
-struct ToolCall {
-    #[serde(default, rename = "function")]
-    _function: Option<Walked>,
-}
-
-/// An object whose fields are all skipped (they are scalars, so skipping needs no stack).
-#[derive(Deserialize)]
-struct Walked {}
-
-impl<'de> Deserialize<'de> for ToolCalls {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(ToolCallsVisitor)
-    }
-}
-
-struct ToolCallsVisitor;
-
-impl<'de> Visitor<'de> for ToolCallsVisitor {
-    type Value = ToolCalls;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("an array of tool calls or null")
-    }
-
-    fn visit_unit<E>(self) -> Result<ToolCalls, E> {
-        Ok(ToolCalls(false))
-    }
-
-    fn visit_none<E>(self) -> Result<ToolCalls, E> {
-        Ok(ToolCalls(false))
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ToolCalls, A::Error> {
-        let mut any = false;
-        while seq.next_element::<ToolCall>()?.is_some() {
-            any = true;
-        }
-        Ok(ToolCalls(any))
-    }
-}
-
 /// All choices of one chunk, folded as they are read: no `Vec` is built for them.
 #[derive(Debug, Default)]
 struct Choices {
@@ -149,6 +107,9 @@ struct Choices {
     text: bool,
     /// The last non-null finish reason among the choices.
     finish: Option<FinishReason>,
+    /// How many choices the chunk had, and the index of the last one.
+    count: u32,
+    index: u64,
 }
 
 impl<'de> Deserialize<'de> for Choices {
@@ -182,6 +143,8 @@ impl<'de> Visitor<'de> for ChoicesVisitor {
                 all.message_content |= message.content();
             }
             all.text |= choice.text.filled();
+            all.count = all.count.saturating_add(1);
+            all.index = choice.index.0;
             if choice.finish_reason.0.is_some() {
                 all.finish = choice.finish_reason.0;
             }
@@ -197,37 +160,59 @@ enum Flavour {
     Completions,
 }
 
-pub(super) fn chat_event(event_type: &[u8], data: &[u8]) -> Verdict {
-    event(Flavour::Chat, event_type, data)
+/// A chat or completions stream: the running counts of its choices.
+#[derive(Debug, Default)]
+pub(in crate::stream) struct OpenAi {
+    tracks: Tracks,
 }
 
-pub(super) fn completions_event(event_type: &[u8], data: &[u8]) -> Verdict {
-    event(Flavour::Completions, event_type, data)
+impl OpenAi {
+    pub(super) fn chat_event(&mut self, event_type: &[u8], data: &[u8]) -> Verdict {
+        self.event(Flavour::Chat, event_type, data)
+    }
+
+    pub(super) fn completions_event(&mut self, event_type: &[u8], data: &[u8]) -> Verdict {
+        self.event(Flavour::Completions, event_type, data)
+    }
+
+    fn event(&mut self, flavour: Flavour, event_type: &[u8], data: &[u8]) -> Verdict {
+        let base = Verdict {
+            error: event_type == b"error",
+            ..Verdict::default()
+        };
+        if is_done(data) {
+            return Verdict { end: true, ..base };
+        }
+        let Ok(chunk) = serde_json::from_slice::<Chunk>(data) else {
+            return base;
+        };
+        let mut verdict = read(flavour, &chunk, base);
+        let running = chunk.usage.as_ref().and_then(|u| u.completion_tokens.0);
+        if let (Some(count), 1) = (running, chunk.choices.count) {
+            verdict.tokens = self
+                .tracks
+                .count(chunk.choices.index, count, verdict.output);
+        }
+        verdict
+    }
 }
 
 pub(super) fn chat_body(body: &[u8]) -> Verdict {
-    parse(Flavour::Chat, body, Verdict::default())
+    parse(Flavour::Chat, body)
 }
 
 pub(super) fn completions_body(body: &[u8]) -> Verdict {
-    parse(Flavour::Completions, body, Verdict::default())
+    parse(Flavour::Completions, body)
 }
 
-fn event(flavour: Flavour, event_type: &[u8], data: &[u8]) -> Verdict {
-    let base = Verdict {
-        error: event_type == b"error",
-        ..Verdict::default()
-    };
-    if data.trim_ascii() == b"[DONE]" {
-        return Verdict { end: true, ..base };
+fn parse(flavour: Flavour, json: &[u8]) -> Verdict {
+    match serde_json::from_slice::<Chunk>(json) {
+        Ok(chunk) => read(flavour, &chunk, Verdict::default()),
+        Err(_) => Verdict::default(),
     }
-    parse(flavour, data, base)
 }
 
-fn parse(flavour: Flavour, json: &[u8], base: Verdict) -> Verdict {
-    let Ok(chunk) = serde_json::from_slice::<Chunk>(json) else {
-        return base;
-    };
+fn read(flavour: Flavour, chunk: &Chunk, base: Verdict) -> Verdict {
     let choices = &chunk.choices;
     let (output, content) = match flavour {
         Flavour::Chat => {
@@ -248,6 +233,7 @@ fn parse(flavour: Flavour, json: &[u8], base: Verdict) -> Verdict {
         finish: choices.finish,
         usage_output_tokens,
         usage_prompt_tokens,
+        tokens: None,
     }
 }
 
@@ -256,7 +242,15 @@ mod tests {
     use super::*;
 
     fn chat(data: &str) -> Verdict {
-        chat_event(b"", data.as_bytes())
+        OpenAi::default().chat_event(b"", data.as_bytes())
+    }
+
+    fn chat_event(event_type: &[u8], data: &[u8]) -> Verdict {
+        OpenAi::default().chat_event(event_type, data)
+    }
+
+    fn completions_event(event_type: &[u8], data: &[u8]) -> Verdict {
+        OpenAi::default().completions_event(event_type, data)
     }
 
     #[test]
@@ -381,6 +375,58 @@ mod tests {
         let v = c(r#"{"choices":[{"delta":{"content":"x"}}]}"#);
         assert!(!v.output, "completions read text only");
         assert!(c("[DONE]").end);
+    }
+
+    /// vLLM's continuous usage stats: each chunk carries its choice's running count, so an event
+    /// that carried two tokens (speculative decoding) says so; the trailing total is no step.
+    #[test]
+    fn continuous_usage_gives_tokens_per_event() {
+        let mut s = OpenAi::default();
+        let mut ev = |data: &str| s.chat_event(b"", data.as_bytes());
+        let role = ev(
+            r#"{"object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""}}],"usage":{"prompt_tokens":9,"total_tokens":9,"completion_tokens":0}}"#,
+        );
+        assert_eq!((role.output, role.tokens), (false, None));
+        let one = ev(
+            r#"{"choices":[{"index":0,"delta":{"content":"The"}}],"usage":{"prompt_tokens":9,"completion_tokens":1}}"#,
+        );
+        assert_eq!((one.output, one.tokens), (true, Some(1)));
+        let three = ev(
+            r#"{"choices":[{"index":0,"delta":{"content":" sky is"}}],"usage":{"prompt_tokens":9,"completion_tokens":3}}"#,
+        );
+        assert_eq!(three.tokens, Some(2));
+        assert_eq!(three.usage_output_tokens, Some(3));
+        let finish = ev(
+            r#"{"choices":[{"index":0,"delta":{"content":""},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":4}}"#,
+        );
+        assert!(!finish.output && finish.end);
+        let total = ev(r#"{"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":4}}"#);
+        assert_eq!((total.tokens, total.usage_output_tokens), (None, Some(4)));
+    }
+
+    /// Usage only at the end, inside the last content chunk (Together): no earlier count, so the
+    /// event's tokens are unknown rather than the whole answer.
+    #[test]
+    fn final_usage_is_not_a_step() {
+        let mut s = OpenAi::default();
+        let v = s.chat_event(
+            b"",
+            br#"{"choices":[{"index":0,"delta":{"content":" and"},"finish_reason":"length"}],"usage":{"prompt_tokens":26,"completion_tokens":20}}"#,
+        );
+        assert!(v.output && v.end);
+        assert_eq!((v.tokens, v.usage_output_tokens), (None, Some(20)));
+    }
+
+    #[test]
+    fn obfuscation_padding_is_ignored() {
+        let v = chat(
+            r#"{"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}],"obfuscation":"q9Zk2"}"#,
+        );
+        assert!(v.output && v.content);
+        let v = chat(
+            r#"{"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"obfuscation":"Ab"}"#,
+        );
+        assert!(!v.output && v.end);
     }
 
     #[test]
