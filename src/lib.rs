@@ -21,6 +21,7 @@ pub mod request_body;
 pub mod request_model;
 pub mod route;
 pub mod server;
+pub mod sim;
 pub mod slo;
 pub mod stream;
 pub mod timed_body;

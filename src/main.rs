@@ -33,6 +33,8 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         config: PathBuf,
     },
+    /// Run a simulated OpenAI-compatible inference server (continuous batching, faults).
+    Sim(tokenmeter::sim::SimConfig),
 }
 
 /// Running the proxy (the default command).
@@ -60,6 +62,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Some(Command::Check { config }) => check(&config),
+        Some(Command::Sim(config)) => tokenmeter::sim::main(config),
         None => run(cli.run),
     }
 }
