@@ -13,6 +13,7 @@ pub mod config;
 pub mod error;
 pub mod forward;
 pub mod live;
+pub mod loadgen;
 pub mod metrics;
 pub mod proxy;
 pub mod recorder;

@@ -35,6 +35,8 @@ enum Command {
     },
     /// Run a simulated OpenAI-compatible inference server (continuous batching, faults).
     Sim(tokenmeter::sim::SimConfig),
+    /// Sweep concurrency levels against a chat endpoint and report latency, throughput and goodput.
+    Bench(tokenmeter::loadgen::BenchArgs),
 }
 
 /// Running the proxy (the default command).
@@ -63,6 +65,7 @@ fn main() -> ExitCode {
     match cli.command {
         Some(Command::Check { config }) => check(&config),
         Some(Command::Sim(config)) => tokenmeter::sim::main(config),
+        Some(Command::Bench(args)) => tokenmeter::loadgen::main(args),
         None => run(cli.run),
     }
 }
