@@ -26,14 +26,7 @@ const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 pub async fn serve(listener: TcpListener, generations: Arc<Generations>, health: Arc<Health>) {
     let builder = auto::Builder::new(TokioExecutor::new());
     loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
-            Err(e) => {
-                tracing::warn!(error = %e, "admin accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                continue;
-            }
-        };
+        let stream = crate::server::accept(&listener).await;
         let (generations, health) = (generations.clone(), health.clone());
         let service = service_fn(move |req| {
             let response = respond(&req, &generations.current(), &health);

@@ -164,20 +164,7 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>) {
     loop {
         tokio::select! {
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
-            accepted = listener.accept() => {
-                let stream = match accepted {
-                    Ok((stream, _)) => stream,
-                    Err(e) => {
-                        // Out of file descriptors and the like: back off instead of spinning.
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                // Each token is its own small write; Nagle would hold it back.
-                if let Err(e) = stream.set_nodelay(true) {
-                    tracing::debug!(error = %e, "cannot set TCP_NODELAY");
-                }
+            stream = crate::server::accept(&listener) => {
                 let state = state.clone();
                 let service = service_fn(move |request| api::handle(request, state.clone()));
                 let connection = builder
