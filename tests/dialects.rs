@@ -12,7 +12,8 @@ use common::*;
 use serde_json::Value;
 
 /// The spacing between events: event `k` reaches the client `(k - 1) × GAP` after event 1.
-const GAP: Duration = Duration::from_millis(25);
+/// A reading is off only if scheduling jitter exceeds half of it, so it is generous.
+const GAP: Duration = Duration::from_millis(40);
 
 /// The request path each dialect is served on.
 fn path_for(dialect: &str) -> &'static str {
@@ -146,6 +147,9 @@ async fn replay(dir: PathBuf, name: String, want: Value, seed: u64) -> Result<()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_capture_reads_as_expected_through_the_proxy() {
+    // A few replays at a time: dozens at once on a small machine stall long enough to blur
+    // the gaps that encode event numbers.
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(4));
     let mut runs = Vec::new();
     for dir in fixture_dirs() {
         let expected: Value = match std::fs::read_to_string(dir.join("expected.json")) {
@@ -154,19 +158,19 @@ async fn every_capture_reads_as_expected_through_the_proxy() {
         };
         for (name, want) in expected.as_object().unwrap() {
             for seed in 1..=2 {
-                runs.push(tokio::spawn(replay(
-                    dir.clone(),
-                    name.clone(),
-                    want.clone(),
-                    seed,
-                )));
+                let (slots, dir, name, want) =
+                    (slots.clone(), dir.clone(), name.clone(), want.clone());
+                runs.push(tokio::spawn(async move {
+                    let _slot = slots.acquire_owned().await.expect("semaphore open");
+                    replay(dir, name, want, seed).await
+                }));
             }
         }
     }
     assert!(runs.len() >= 32, "fixtures missing");
     let mut failures = Vec::new();
     for run in runs {
-        if let Err(e) = tokio::time::timeout(Duration::from_secs(60), run)
+        if let Err(e) = tokio::time::timeout(Duration::from_secs(120), run)
             .await
             .unwrap()
             .unwrap()
