@@ -242,10 +242,6 @@ impl Recorder {
         self.model.clone()
     }
 
-    pub fn t_start(&self) -> Instant {
-        self.t_start
-    }
-
     /// The response head arrived: choose how to read the body and resolve the metric handles.
     pub fn on_head(&mut self, status: StatusCode, headers: &HeaderMap) {
         let pinned = self.route().dialect;

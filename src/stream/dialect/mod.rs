@@ -467,6 +467,47 @@ impl<'de> Visitor<'de> for ToolCallsVisitor {
 #[derive(Debug, Default)]
 struct OneOrMany<T>(T);
 
+/// What the results of a whole (non-streaming) batch add up to; TGI and SGLang fold each of
+/// their results into it and differ only in where the fields are.
+#[derive(Debug, Default)]
+struct Batch {
+    output: bool,
+    error: bool,
+    finish: Option<FinishReason>,
+    tokens: Option<u64>,
+    prompt: Option<u64>,
+}
+
+impl Batch {
+    /// Adds one result's output and prompt counts, when it reports them.
+    fn count(&mut self, tokens: Option<u64>, prompt: Option<u64>) {
+        let add = |sum: Option<u64>, n: Option<u64>| match n {
+            Some(n) => Some(sum.unwrap_or(0).saturating_add(n)),
+            None => sum,
+        };
+        self.tokens = add(self.tokens, tokens);
+        self.prompt = add(self.prompt, prompt);
+    }
+
+    /// Reads a one-or-many body whose results fold into a `Batch` through `T`.
+    fn read<T: Fold + Into<Batch>>(body: &[u8]) -> Verdict {
+        let Ok(OneOrMany(all)) = serde_json::from_slice::<OneOrMany<T>>(body) else {
+            return Verdict::default();
+        };
+        let all: Batch = all.into();
+        Verdict {
+            output: all.output,
+            content: all.output,
+            end: true,
+            error: all.error,
+            finish: all.finish,
+            usage_output_tokens: all.tokens,
+            usage_prompt_tokens: all.prompt,
+            tokens: None,
+        }
+    }
+}
+
 /// What a result type adds to the running fold.
 trait Fold: Default {
     type Item: for<'de> Deserialize<'de>;

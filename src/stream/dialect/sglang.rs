@@ -20,7 +20,7 @@
 
 use serde::{Deserialize, Deserializer};
 
-use super::{finish_reason, is_done, Alarm, Count, FinishReason, Fold, Index, Name, OneOrMany};
+use super::{finish_reason, is_done, Alarm, Batch, Count, FinishReason, Fold, Index, Name};
 use super::{TextLen, Tracks, Verdict};
 
 #[derive(Deserialize)]
@@ -103,45 +103,27 @@ impl SgLang {
 /// A whole `/generate` answer: one result, or an array of them for a batch.
 pub(super) fn body(body: &[u8]) -> Verdict {
     #[derive(Default)]
-    struct All {
-        output: bool,
-        error: bool,
-        finish: Option<FinishReason>,
-        tokens: Option<u64>,
-        prompt: Option<u64>,
+    struct All(Batch);
+    impl From<All> for Batch {
+        fn from(all: All) -> Batch {
+            all.0
+        }
     }
     impl Fold for All {
         type Item = Event;
         fn fold(&mut self, e: Event) {
-            self.output |= e.text.0.is_some_and(|len| len > 0);
-            self.error |= e.error.0;
+            self.0.output |= e.text.0.is_some_and(|len| len > 0);
+            self.0.error |= e.error.0;
             if let Some(m) = e.meta_info {
                 if let Some(reason) = m.finish_reason {
-                    self.error |= reason == FinishReason::Error;
-                    self.finish = Some(reason);
+                    self.0.error |= reason == FinishReason::Error;
+                    self.0.finish = Some(reason);
                 }
-                if let Some(n) = m.completion_tokens.0 {
-                    self.tokens = Some(self.tokens.unwrap_or(0).saturating_add(n));
-                }
-                if let Some(n) = m.prompt_tokens.0 {
-                    self.prompt = Some(self.prompt.unwrap_or(0).saturating_add(n));
-                }
+                self.0.count(m.completion_tokens.0, m.prompt_tokens.0);
             }
         }
     }
-    let Ok(OneOrMany(all)) = serde_json::from_slice::<OneOrMany<All>>(body) else {
-        return Verdict::default();
-    };
-    Verdict {
-        output: all.output,
-        content: all.output,
-        end: true,
-        error: all.error,
-        finish: all.finish,
-        usage_output_tokens: all.tokens,
-        usage_prompt_tokens: all.prompt,
-        tokens: None,
-    }
+    Batch::read::<All>(body)
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@
 
 use serde::Deserialize;
 
-use super::{Alarm, Count, Finish, Flag, Fold, OneOrMany, Shape, Verdict};
+use super::{Alarm, Batch, Count, Finish, Flag, Fold, Shape, Verdict};
 
 #[derive(Deserialize)]
 struct Event {
@@ -79,42 +79,24 @@ pub(super) fn body(body: &[u8]) -> Verdict {
         error: Alarm,
     }
     #[derive(Default)]
-    struct All {
-        output: bool,
-        error: bool,
-        finish: Option<super::FinishReason>,
-        tokens: Option<u64>,
-        prompt: Option<u64>,
+    struct All(Batch);
+    impl From<All> for Batch {
+        fn from(all: All) -> Batch {
+            all.0
+        }
     }
     impl Fold for All {
         type Item = Result;
         fn fold(&mut self, r: Result) {
-            self.output |= r.generated_text.filled();
-            self.error |= r.error.0;
+            self.0.output |= r.generated_text.filled();
+            self.0.error |= r.error.0;
             if let Some(d) = r.details {
-                self.finish = d.finish_reason.0.or(self.finish);
-                if let Some(n) = d.generated_tokens.0 {
-                    self.tokens = Some(self.tokens.unwrap_or(0).saturating_add(n));
-                }
-                if let Some(n) = d.input_length.0 {
-                    self.prompt = Some(self.prompt.unwrap_or(0).saturating_add(n));
-                }
+                self.0.finish = d.finish_reason.0.or(self.0.finish);
+                self.0.count(d.generated_tokens.0, d.input_length.0);
             }
         }
     }
-    let Ok(OneOrMany(all)) = serde_json::from_slice::<OneOrMany<All>>(body) else {
-        return Verdict::default();
-    };
-    Verdict {
-        output: all.output,
-        content: all.output,
-        end: true,
-        error: all.error,
-        finish: all.finish,
-        usage_output_tokens: all.tokens,
-        usage_prompt_tokens: all.prompt,
-        tokens: None,
-    }
+    Batch::read::<All>(body)
 }
 
 #[cfg(test)]
