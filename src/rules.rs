@@ -236,10 +236,14 @@ pub fn rule_file(config: &Config, options: &Options) -> RuleFile {
     let series = Series {
         selector: options.selector.as_deref(),
     };
+    // The alerts share the SLO rules' group: a group runs its rules in order, so each alert
+    // reads ratios recorded in the same evaluation, never the one before.
+    let mut slo = slo_rules(&series);
+    slo.extend(alert_rules(config, options, &series));
     let mut groups = vec![
         Group {
             name: "tokenmeter-slo".into(),
-            rules: slo_rules(&series),
+            rules: slo,
         },
         Group {
             name: "tokenmeter-traffic".into(),
@@ -252,10 +256,6 @@ pub fn rule_file(config: &Config, options: &Options) -> RuleFile {
             rules: cost_rules(cost, &series),
         });
     }
-    groups.push(Group {
-        name: "tokenmeter-alerts".into(),
-        rules: alert_rules(config, options, &series),
-    });
     RuleFile { groups }
 }
 
