@@ -37,6 +37,8 @@ enum Command {
     Sim(tokenmeter::sim::SimConfig),
     /// Sweep concurrency levels against a chat endpoint and report latency, throughput and goodput.
     Bench(tokenmeter::loadgen::BenchArgs),
+    /// Print Prometheus recording and alerting rules for the configuration's SLOs.
+    Rules(tokenmeter::rules::RulesArgs),
 }
 
 /// Running the proxy (the default command).
@@ -66,6 +68,7 @@ fn main() -> ExitCode {
         Some(Command::Check { config }) => check(&config),
         Some(Command::Sim(config)) => tokenmeter::sim::main(config),
         Some(Command::Bench(args)) => tokenmeter::loadgen::main(args),
+        Some(Command::Rules(args)) => tokenmeter::rules::main(args),
         None => run(cli.run),
     }
 }
