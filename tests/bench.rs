@@ -305,6 +305,21 @@ fn a_bad_prompts_line_stops_bench_before_it_starts() -> TestResult {
     );
     assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
     assert!(out.stdout.is_empty(), "no report: nothing ran");
+
+    // Open and closed loop at once cannot both be meant.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
+        .args([
+            "bench",
+            "--url",
+            "http://127.0.0.1:9",
+            "--rate",
+            "5",
+            "--concurrency",
+            "2",
+        ])
+        .output()?;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8(out.stderr)?.contains("cannot be used with"));
     Ok(())
 }
 

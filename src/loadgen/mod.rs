@@ -39,8 +39,9 @@ pub struct BenchArgs {
     /// The server: `http://host:port` (the chat path is added) or a full chat completions URL.
     #[arg(long, value_name = "URL", value_parser = chat_url)]
     pub url: http::Uri,
-    /// A second server that gets the same load, interleaved request by request with --url; the
-    /// report adds what B costs over A in TTFT and ITL (the proxy's overhead benchmark).
+    /// A second server that gets the same requests, interleaved slot by slot with --url (A, B,
+    /// B, A, ..); the level's concurrency or rate is shared by the two. The report adds what B
+    /// costs over A in TTFT and ITL at p50 and p99 (the proxy's overhead benchmark).
     #[arg(long, value_name = "URL_B", value_parser = chat_url)]
     pub compare: Option<http::Uri>,
     /// Closed loop: concurrency levels to sweep, in order.
@@ -348,6 +349,10 @@ impl Driver<'_> {
             None => started,
         };
         loop {
+            // Past the level's duration nothing more is sent; no need to sleep until then.
+            if arrivals.is_some() && deadline.is_some_and(|d| due >= d) {
+                stopped = true;
+            }
             let arrive = arrivals.is_some()
                 && !stopped
                 && next < slots.total
@@ -355,10 +360,6 @@ impl Driver<'_> {
             tokio::select! {
                 biased;
                 () = tokio::time::sleep_until(due), if arrive => {
-                    if deadline.is_some_and(|d| due >= d) {
-                        stopped = true;
-                        continue;
-                    }
                     launch(&mut in_flight, next, Instant::now());
                     next += 1;
                     if let Some(a) = &mut arrivals {

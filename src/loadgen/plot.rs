@@ -93,11 +93,14 @@ pub fn write_svg(path: &Path, sweep: &Sweep) -> Result<(), String> {
         .configure_mesh()
         .x_desc(x_desc)
         .y_desc("TTFT (ms)")
+        .x_label_formatter(&|x| format!("{x}"))
+        .y_label_formatter(&|y| format!("{y:.0}"))
         .draw()
         .map_err(|e| err(&e))?;
     chart
         .configure_secondary_axes()
         .y_desc("output tokens/s")
+        .y_label_formatter(&|y| format!("{y:.0}"))
         .draw()
         .map_err(|e| err(&e))?;
     for curve in all {
