@@ -35,8 +35,10 @@ enum Command {
     },
     /// Run a simulated OpenAI-compatible inference server (continuous batching, faults).
     Sim(tokenmeter::sim::SimConfig),
-    /// Sweep concurrency levels against a chat endpoint and report latency, throughput and goodput.
-    Bench(tokenmeter::loadgen::BenchArgs),
+    /// Sweep concurrency levels or request rates against a chat endpoint and report latency,
+    /// throughput, goodput and cost; --compare measures what a second endpoint adds.
+    // Boxed: its many flags would otherwise make every variant of this enum as large.
+    Bench(Box<tokenmeter::loadgen::BenchArgs>),
     /// Print Prometheus recording and alerting rules for the configuration's SLOs.
     Rules(tokenmeter::rules::RulesArgs),
 }
@@ -67,7 +69,7 @@ fn main() -> ExitCode {
     match cli.command {
         Some(Command::Check { config }) => check(&config),
         Some(Command::Sim(config)) => tokenmeter::sim::main(config),
-        Some(Command::Bench(args)) => tokenmeter::loadgen::main(args),
+        Some(Command::Bench(args)) => tokenmeter::loadgen::main(*args),
         Some(Command::Rules(args)) => tokenmeter::rules::main(args),
         None => run(cli.run),
     }

@@ -1,10 +1,16 @@
 //! `tokenmeter bench` against the in-process simulator: its TTFT agrees with the sim's timing
 //! model, its CSV has one row per request, a concurrency sweep finds the sim's batch limit as the
-//! saturation point, and failed requests are counted rather than ending the run.
+//! saturation point, and failed requests are counted rather than ending the run. The open loop
+//! sends on its seeded Poisson schedule and finds the rate the sim cannot serve; prompts files,
+//! drawn max_tokens, cost, the plot, progress, --level-duration and --compare each do what their
+//! flag says. Where timing matters, time is paused: the clock moves only to the sim's and
+//! bench's own timers, so the figures are exact rather than noisy.
 
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
-use tokenmeter::loadgen::{self, report, BenchArgs};
+use tokenmeter::loadgen::{self, report, BenchArgs, Load, MaxTokens, Target};
 use tokenmeter::sim::{self, RunningSim, SimConfig};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
@@ -23,21 +29,18 @@ async fn start(tweak: impl FnOnce(&mut SimConfig)) -> std::io::Result<RunningSim
 }
 
 fn args(sim: &RunningSim, concurrency: &[u32], requests: u32, max_tokens: u32) -> BenchArgs {
-    BenchArgs {
-        url: format!("http://{}/v1/chat/completions", sim.addr)
-            .parse()
-            .expect("a valid URL"),
-        concurrency: concurrency.to_vec(),
-        requests,
-        prompt_tokens: 16,
-        max_tokens,
-        model: "sim-llama".into(),
-        csv: None,
-        slo_ttft: None,
-        slo_tpot: None,
-        slo_e2e: None,
-        timeout: Duration::from_secs(10),
-    }
+    let mut args =
+        BenchArgs::new(&format!("http://{}/v1/chat/completions", sim.addr)).expect("a valid URL");
+    args.concurrency = concurrency.to_vec();
+    args.requests = requests;
+    args.prompt_tokens = 16;
+    args.max_tokens = MaxTokens::Fixed(max_tokens);
+    args.timeout = Duration::from_secs(10);
+    args
+}
+
+fn temp(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("tokenmeter-bench-{}-{name}", std::process::id()))
 }
 
 // Paused time (as tests/sim.rs does with sockets): the clock only moves to the sim's timers,
@@ -79,13 +82,13 @@ async fn lone_request_ttft_matches_the_sim_model() -> TestResult {
 async fn csv_has_the_header_and_one_row_per_request() -> TestResult {
     let sim = start(|_| {}).await?;
     let sweep = loadgen::run(&args(&sim, &[1, 3], 5, 6)).await;
-    let path = std::env::temp_dir().join(format!("tokenmeter-bench-{}.csv", std::process::id()));
+    let path = temp("rows.csv");
     report::write_csv(&path, &sweep.levels)?;
     let mut reader = csv::Reader::from_path(&path)?;
     let header: Vec<String> = reader.headers()?.iter().map(String::from).collect();
     assert_eq!(
         header.join(","),
-        "request_id,concurrency,prompt_tokens,output_tokens,ttft_ms,tpot_ms,total_ms,status,error,max_itl_ms,token_source"
+        "request_id,concurrency,prompt_tokens,output_tokens,ttft_ms,tpot_ms,total_ms,status,error,max_itl_ms,token_source,rate,max_tokens,start_ms,target"
     );
     let rows: Vec<csv::StringRecord> = reader.records().collect::<Result<_, _>>()?;
     std::fs::remove_file(&path)?;
@@ -96,6 +99,10 @@ async fn csv_has_the_header_and_one_row_per_request() -> TestResult {
         assert_eq!(&row[8], "", "no error");
         assert_eq!(&row[10], "usage", "the sim reports usage");
         assert!(row[4].parse::<f64>()? > 0.0);
+        assert_eq!(&row[11], "", "no rate in a closed loop");
+        assert_eq!(&row[12], "6", "the max_tokens asked for");
+        assert!(row[13].parse::<f64>()? >= 0.0, "a start time");
+        assert_eq!(&row[14], "A");
     }
     let levels: Vec<&str> = rows.iter().map(|r| &r[1]).collect();
     assert_eq!(levels, [["1"; 5], ["3"; 5]].concat());
@@ -155,5 +162,371 @@ async fn failures_are_counted_not_fatal() -> TestResult {
         text.contains("no saturation within the levels tried"),
         "{text}"
     );
+    Ok(())
+}
+
+fn sorted_starts(level: &report::LevelReport) -> Vec<Duration> {
+    let mut starts: Vec<Duration> = level.records.iter().map(|r| r.start).collect();
+    starts.sort();
+    starts
+}
+
+#[tokio::test(start_paused = true)]
+async fn open_loop_sends_on_the_seeded_poisson_schedule() -> TestResult {
+    let sim = start(|c| c.max_batch = 64).await?;
+    let mut a = args(&sim, &[1], 200, 2);
+    a.rate = vec![50.0];
+    a.seed = 7;
+    let sweep = loadgen::run_with(&a, &loadgen::progress::Silent).await;
+    let level = &sweep.levels[0];
+    assert_eq!(level.load, Load::Rate(50.0));
+    assert_eq!(level.errors, 0, "{:?}", level.records);
+    assert_eq!(
+        level.capped, 0,
+        "1024 in flight is far above what 50/s needs"
+    );
+
+    // The schedule the seed gives: request i is due at the sum of the first i + 1 gaps.
+    let mut arrivals = loadgen::workload::Arrivals::new(50.0, 7);
+    let mut due = Duration::ZERO;
+    for r in &level.records {
+        due += arrivals.gap();
+        let late = r.start.as_secs_f64() - due.as_secs_f64();
+        // tokio's timer wakes on the next whole millisecond, never early.
+        assert!(
+            (-1e-6..=1.001e-3).contains(&late),
+            "request {} sent {late:+.6}s off its due time",
+            r.request_id
+        );
+        assert_eq!(r.rate, Some(50.0));
+        assert!(r.concurrency >= 1);
+    }
+    // 200 exponential gaps with a 20 ms mean: the offered rate is 50/s within sampling error.
+    let offered = 200.0 / due.as_secs_f64();
+    assert!((40.0..60.0).contains(&offered), "offered {offered:.1}/s");
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn open_loop_names_the_rate_the_sim_cannot_serve() -> TestResult {
+    let sim = start(|c| {
+        c.max_batch = 2;
+        c.decode_step = Duration::from_millis(10);
+        c.decode_step_per_request = Duration::from_millis(2);
+    })
+    .await?;
+    let mut a = args(&sim, &[1], 40, 8);
+    a.prompt_tokens = 4;
+    a.rate = vec![3.0, 6.0, 12.0, 48.0];
+    let sweep = loadgen::run_with(&a, &loadgen::progress::Silent).await;
+    let tps: Vec<f64> = sweep.levels.iter().map(|l| l.output_tokens_per_s).collect();
+    // A full batch of two takes 14 ms a step for two tokens: at most ~143 tokens/s, ~18
+    // requests/s of 8 tokens. Up to 12/s the served tokens/s follows the offered rate; at 48/s
+    // it cannot, so requests queue and p99 TTFT climbs. The knee is 12/s.
+    let knee = report::knee(&sweep.levels).ok_or(format!("no knee, tokens/s {tps:?}"))?;
+    assert_eq!(knee.load, Load::Rate(12.0), "tokens/s by level: {tps:?}");
+    let text = report::render(&sweep.levels, &a.slo());
+    assert!(text.contains("past 12 requests/s offered"), "{text}");
+    assert!(text.contains("rate 48/s: 40 requests"), "{text}");
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn max_in_flight_holds_arrivals_back_and_says_so() -> TestResult {
+    let sim = start(|c| c.decode_step = Duration::from_millis(10)).await?;
+    let mut a = args(&sim, &[1], 20, 4);
+    a.rate = vec![1000.0];
+    a.max_in_flight = 2;
+    let sweep = loadgen::run_with(&a, &loadgen::progress::Silent).await;
+    let level = &sweep.levels[0];
+    assert_eq!(level.records.len(), 20);
+    assert!(level.records.iter().all(|r| r.concurrency <= 2));
+    assert_eq!(level.concurrency, 2, "the peak in flight is the cap");
+    // Requests take ~50 ms and arrive every ~1 ms: all but the first two had to wait.
+    assert_eq!(level.capped, 18);
+    let text = report::render(&sweep.levels, &a.slo());
+    assert!(
+        text.contains("18 arrivals waited for a free slot: --max-in-flight 2 capped"),
+        "{text}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompts_file_lines_go_in_order_and_cycle() -> TestResult {
+    let sim = start(|_| {}).await?;
+    let path = temp("prompts.jsonl");
+    let long = "x".repeat(40);
+    std::fs::write(
+        &path,
+        format!(
+            "{{\"prompt\": \"{long}\"}}\n{{\"messages\": [{{\"role\": \"system\", \"content\": \"yyyyyyyy\"}}, {{\"role\": \"user\", \"content\": \"zzzzzzzzzzzz\"}}], \"max_tokens\": 3}}\n"
+        ),
+    )?;
+    let mut a = args(&sim, &[2], 6, 5);
+    a.prompts = Some(path.clone());
+    let sweep = loadgen::run_with(&a, &loadgen::progress::Silent).await;
+    std::fs::remove_file(&path)?;
+    let level = &sweep.levels[0];
+    assert_eq!(level.errors, 0, "{:?}", level.records);
+    let got: Vec<(u32, Option<u64>, u64, u32)> = level
+        .records
+        .iter()
+        .map(|r| (r.request_id, r.prompt_tokens, r.output_tokens, r.max_tokens))
+        .collect();
+    // The sim counts ceil(content bytes / 4): 40 bytes -> 10 tokens, 8 + 12 bytes -> 5 tokens.
+    // The second line's own max_tokens (3) overrides --max-tokens (5).
+    let first = (Some(10), 5, 5);
+    let second = (Some(5), 3, 3);
+    let want: Vec<(u32, Option<u64>, u64, u32)> = (0..6)
+        .map(|i| {
+            let (p, o, m) = if i % 2 == 0 { first } else { second };
+            (i, p, o, m)
+        })
+        .collect();
+    assert_eq!(got, want);
+    Ok(())
+}
+
+#[test]
+fn a_bad_prompts_line_stops_bench_before_it_starts() -> TestResult {
+    let path = temp("bad.jsonl");
+    std::fs::write(&path, "{\"prompt\": \"fine\"}\n{\"prompt\": \"cut\n")?;
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
+        .args(["bench", "--url", "http://127.0.0.1:9", "--prompts"])
+        .arg(&path)
+        .output()?;
+    std::fs::remove_file(&path)?;
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8(out.stderr)?;
+    assert!(
+        stderr.starts_with(&format!("tokenmeter: {}:2: not JSON", path.display())),
+        "{stderr}"
+    );
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    assert!(out.stdout.is_empty(), "no report: nothing ran");
+
+    // Open and closed loop at once cannot both be meant.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
+        .args([
+            "bench",
+            "--url",
+            "http://127.0.0.1:9",
+            "--rate",
+            "5",
+            "--concurrency",
+            "2",
+        ])
+        .output()?;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8(out.stderr)?.contains("cannot be used with"));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drawn_max_tokens_are_seeded_and_honoured() -> TestResult {
+    let sim = start(|_| {}).await?;
+    let mut a = args(&sim, &[1, 3], 12, 1);
+    a.max_tokens = "uniform:2-12".parse()?;
+    let sweep = loadgen::run_with(&a, &loadgen::progress::Silent).await;
+    let asked =
+        |l: &report::LevelReport| l.records.iter().map(|r| r.max_tokens).collect::<Vec<_>>();
+    for level in &sweep.levels {
+        assert_eq!(level.errors, 0);
+        for r in &level.records {
+            assert!((2..=12).contains(&r.max_tokens), "{r:?}");
+            assert_eq!(
+                r.output_tokens,
+                u64::from(r.max_tokens),
+                "the sim honours it"
+            );
+        }
+    }
+    let first = asked(&sweep.levels[0]);
+    let mut distinct = first.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert!(distinct.len() >= 4, "drawn, not fixed: {first:?}");
+    assert_eq!(
+        first,
+        asked(&sweep.levels[1]),
+        "request i asks the same at every level"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cost_is_the_hourly_price_over_what_the_hour_serves() -> TestResult {
+    let sim = start(|_| {}).await?;
+    let mut a = args(&sim, &[1, 2], 6, 8);
+    a.cost_per_hour = Some(3.6);
+    a.currency = "EUR".into();
+    let sweep = loadgen::run_with(&a, &loadgen::progress::Silent).await;
+    let price = a.cost().ok_or("a price was given")?;
+    for level in &sweep.levels {
+        let (per_request, per_million) = level.cost(&price).ok_or("something was served")?;
+        // 3.6 an hour is 0.001 a second: a request costs 0.001 × its share of the wall time.
+        let secs_per_request = level.wall.as_secs_f64() / level.records.len() as f64;
+        assert!((per_request / (0.001 * secs_per_request) - 1.0).abs() < 1e-9);
+        assert!((per_million * level.output_tokens_per_s / 1000.0 - 1.0).abs() < 1e-9);
+    }
+    let text = report::render_sweep(&sweep, &a);
+    assert!(text.contains("EUR per million output tokens"), "{text}");
+    assert!(text.contains("cost: cheapest at concurrency"), "{text}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plot_draws_the_curves_into_an_svg() -> TestResult {
+    let sim = start(|_| {}).await?;
+    let sweep = loadgen::run_with(&args(&sim, &[1, 2, 4], 4, 4), &loadgen::progress::Silent).await;
+    let path = temp("curve.svg");
+    loadgen::plot::write_svg(&path, &sweep)?;
+    let svg = std::fs::read_to_string(&path)?;
+    std::fs::remove_file(&path)?;
+    assert!(
+        svg.trim_start().starts_with("<svg"),
+        "{}",
+        &svg[..80.min(svg.len())]
+    );
+    assert!(svg.trim_end().ends_with("</svg>"));
+    for label in [
+        "TTFT p50 (ms)",
+        "TTFT p99 (ms)",
+        "output tokens/s",
+        "concurrency",
+    ] {
+        assert!(svg.contains(label), "no {label}");
+    }
+    // Three curves of three points each.
+    assert!(svg.matches("<polyline").count() >= 3, "{svg}");
+    Ok(())
+}
+
+/// Notes every call, in order.
+#[derive(Default)]
+struct Recording {
+    calls: Mutex<Vec<String>>,
+    done: AtomicU32,
+}
+
+impl loadgen::Progress for Recording {
+    fn level_started(&self, label: &str, total: u32) {
+        self.calls
+            .lock()
+            .expect("lock")
+            .push(format!("start {label} {total}"));
+    }
+    fn request_done(&self, _: &loadgen::Record) {
+        self.done.fetch_add(1, Ordering::Relaxed);
+    }
+    fn level_finished(&self, report: &report::LevelReport) {
+        let done = self.done.swap(0, Ordering::Relaxed);
+        self.calls.lock().expect("lock").push(format!(
+            "finish {} {} after {done}",
+            report.load.label(),
+            report.records.len()
+        ));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_hears_every_level_and_request() -> TestResult {
+    let sim = start(|_| {}).await?;
+    let progress = Recording::default();
+    loadgen::run_with(&args(&sim, &[1, 3], 5, 2), &progress).await;
+    let calls = progress.calls.lock().map_err(|_| "poisoned")?.clone();
+    assert_eq!(
+        calls,
+        [
+            "start c=1 5",
+            "finish c=1 5 after 5",
+            "start c=3 5",
+            "finish c=3 5 after 5"
+        ]
+    );
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn level_duration_stops_new_requests_and_lets_the_rest_finish() -> TestResult {
+    let sim = start(|c| c.decode_step = Duration::from_millis(10)).await?;
+    let limit = Duration::from_millis(300);
+    let mut a = args(&sim, &[2], 100_000, 4);
+    a.level_duration = Some(limit);
+    let closed = loadgen::run_with(&a, &loadgen::progress::Silent).await;
+    a.rate = vec![100.0];
+    let open = loadgen::run_with(&a, &loadgen::progress::Silent).await;
+    for level in closed.levels.iter().chain(&open.levels) {
+        // A request here takes about 50 ms: in 300 ms a handful, never the 100,000 asked.
+        assert!(
+            (4..100).contains(&level.records.len()),
+            "{}: {} requests",
+            level.load,
+            level.records.len()
+        );
+        assert_eq!(level.errors, 0, "in-flight requests finished, not cut");
+        assert!(sorted_starts(level).iter().all(|s| *s < limit));
+        assert!(level.wall >= limit - Duration::from_millis(50));
+        assert!(
+            level.wall < limit + Duration::from_millis(200),
+            "{:?}",
+            level.wall
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn compare_reports_the_added_prefill_of_b() -> TestResult {
+    let sim_a = start(|_| {}).await?;
+    let sim_b = start(|c| c.prefill_base = Duration::from_millis(21)).await?;
+    let mut a = args(&sim_a, &[1, 4], 20, 4);
+    a.compare = Some(loadgen::chat_url(&format!("http://{}", sim_b.addr))?);
+    let sweep = loadgen::run_with(&a, &loadgen::progress::Silent).await;
+    assert_eq!(sweep.compared.len(), 2);
+    for (la, lb) in sweep.levels.iter().zip(&sweep.compared) {
+        assert_eq!((la.target, lb.target), (Target::A, Target::B));
+        assert_eq!((la.records.len(), lb.records.len()), (20, 20));
+        assert_eq!((la.errors, lb.errors), (0, 0));
+        let max_tokens =
+            |l: &report::LevelReport| l.records.iter().map(|r| r.max_tokens).collect::<Vec<_>>();
+        assert_eq!(max_tokens(la), max_tokens(lb), "the same requests");
+        // Never less than B's extra prefill; past one request at a time more, because in the
+        // sim a request's prefill also delays the requests running beside it.
+        let added = lb.ttft.p50.ok_or("TTFT")? - la.ttft.p50.ok_or("TTFT")?;
+        assert!(added >= 19.0, "{}: added TTFT p50 {added:.3} ms", la.load);
+    }
+    // One request at a time: B's first token comes exactly 20 ms of prefill later, and its
+    // tokens are spaced as A's.
+    let (la, lb) = (&sweep.levels[0], &sweep.compared[0]);
+    let added = |f: fn(&report::LevelReport) -> Option<f64>| -> Result<f64, String> {
+        Ok(f(lb).ok_or("B")? - f(la).ok_or("A")?)
+    };
+    for (name, value, want) in [
+        ("TTFT p50", added(|l| l.ttft.p50)?, 20.0),
+        ("TTFT p99", added(|l| l.ttft.p99)?, 20.0),
+        ("ITL p50", added(|l| l.itl.p50)?, 0.0),
+        ("ITL p99", added(|l| l.itl.p99)?, 0.0),
+    ] {
+        assert!(
+            (value - want).abs() <= 1.0,
+            "added {name} {value:.3} ms, want {want}"
+        );
+    }
+    // Interleaved: A, B, then B, A, so neither is always second.
+    let mut order: Vec<(Duration, Target)> = la
+        .records
+        .iter()
+        .chain(&lb.records)
+        .map(|r| (r.start, r.target))
+        .collect();
+    order.sort_by_key(|o| o.0);
+    let targets: Vec<Target> = order.iter().take(8).map(|o| o.1).collect();
+    use Target::{A, B};
+    assert_eq!(targets, [A, B, B, A, A, B, B, A]);
+    let text = report::render_sweep(&sweep, &a);
+    assert!(text.contains("added (B - A)"), "{text}");
+    assert!(text.contains("B: http://"), "{text}");
     Ok(())
 }

@@ -1,11 +1,13 @@
 //! What a sweep means: per-level statistics (percentiles by linear interpolation, as numpy's
-//! default), goodput against the SLO flags, the saturation point, the table and the CSV.
+//! default), goodput against the SLO flags, cost, the saturation point (closed and open loop),
+//! the tables, the A/B comparison and the CSV.
 
 use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Duration;
 
-use super::request::Record;
+use super::request::{Record, Target};
+use super::{BenchArgs, Sweep};
 
 /// The most ITL gaps pooled for one level's percentiles, so memory stays bounded.
 const MAX_LEVEL_GAPS: usize = 4_000_000;
@@ -13,6 +15,52 @@ const MAX_LEVEL_GAPS: usize = 4_000_000;
 /// Output tokens/s must grow by at least this share from one level to the next, or the server
 /// is past its knee (when TTFT is rising too).
 const SATURATION_GROWTH: f64 = 0.10;
+
+/// Open loop: achieved output tokens/s must grow by at least this share of the offered rate's
+/// growth from one level to the next, or it has stopped tracking the offered load.
+const TRACKING_SHARE: f64 = 0.5;
+
+/// What a level holds steady: the requests in flight (closed loop) or the offered arrival rate
+/// in requests/s (open loop).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Load {
+    Concurrency(u32),
+    Rate(f64),
+}
+
+impl Load {
+    /// The short form used in progress lines: `c=5`, `rate=2.5/s`.
+    pub fn label(&self) -> String {
+        match self {
+            Load::Concurrency(c) => format!("c={c}"),
+            Load::Rate(r) => format!("rate={r}/s"),
+        }
+    }
+
+    /// The number on a plot's x axis.
+    pub fn value(&self) -> f64 {
+        match *self {
+            Load::Concurrency(c) => f64::from(c),
+            Load::Rate(r) => r,
+        }
+    }
+}
+
+impl std::fmt::Display for Load {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Load::Concurrency(c) => write!(f, "concurrency {c}"),
+            Load::Rate(r) => write!(f, "rate {r}/s"),
+        }
+    }
+}
+
+/// The price of an hour of the server (`--cost-per-hour`, `--currency`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Cost {
+    pub per_hour: f64,
+    pub currency: String,
+}
 
 /// The SLO thresholds given on the command line; an absent one is not judged.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -76,10 +124,16 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-/// One concurrency level's results.
+/// One level's results against one target.
 #[derive(Debug)]
 pub struct LevelReport {
+    pub load: Load,
+    /// Closed loop: the level's concurrency. Open loop: the most requests that were in flight.
     pub concurrency: u32,
+    pub target: Target,
+    /// Open loop: arrivals that waited because `max_in_flight` requests were already in flight.
+    pub capped: u32,
+    pub max_in_flight: u32,
     pub records: Vec<Record>,
     pub wall: Duration,
     pub requests_per_s: f64,
@@ -97,7 +151,24 @@ pub struct LevelReport {
 }
 
 impl LevelReport {
+    /// A closed-loop level against target A.
     pub fn new(concurrency: u32, records: Vec<Record>, wall: Duration, slo: &Slo) -> Self {
+        Self::measured(
+            Load::Concurrency(concurrency),
+            Target::A,
+            records,
+            wall,
+            slo,
+        )
+    }
+
+    pub fn measured(
+        load: Load,
+        target: Target,
+        records: Vec<Record>,
+        wall: Duration,
+        slo: &Slo,
+    ) -> Self {
         let secs = wall.as_secs_f64().max(f64::MIN_POSITIVE);
         let ok: Vec<&Record> = records.iter().filter(|r| r.error.is_none()).collect();
         let output_tokens: u64 = ok.iter().map(|r| r.output_tokens).sum();
@@ -108,7 +179,14 @@ impl LevelReport {
         }
         let good = records.iter().filter(|r| slo.is_good(r)).count();
         LevelReport {
-            concurrency,
+            load,
+            concurrency: match load {
+                Load::Concurrency(c) => c,
+                Load::Rate(_) => 0,
+            },
+            target,
+            capped: 0,
+            max_in_flight: 0,
             requests_per_s: records.len() as f64 / secs,
             output_tokens_per_s: output_tokens as f64 / secs,
             ttft: Percentiles::of(ok.iter().filter_map(|r| r.ttft).map(ms).collect()),
@@ -129,39 +207,140 @@ impl LevelReport {
     }
 }
 
-/// The first level past which output tokens/s grows by less than 10 % while p99 TTFT keeps
-/// rising; `None` when no level in the sweep behaves so.
-pub fn saturation(levels: &[LevelReport]) -> Option<u32> {
+impl LevelReport {
+    /// What one request and one million output tokens cost at the throughput this level
+    /// measured: the price of an hour divided by what that hour serves at this rate. `None`
+    /// when nothing succeeded (an hour that serves nothing has no cost per unit).
+    pub fn cost(&self, price: &Cost) -> Option<(f64, f64)> {
+        let secs = self.wall.as_secs_f64();
+        let ok = self.records.len() - self.errors;
+        if ok == 0 || secs <= 0.0 || self.output_tokens_per_s <= 0.0 {
+            return None;
+        }
+        let requests_per_hour = ok as f64 / secs * 3600.0;
+        let tokens_per_hour = self.output_tokens_per_s * 3600.0;
+        Some((
+            price.per_hour / requests_per_hour,
+            price.per_hour / tokens_per_hour * 1e6,
+        ))
+    }
+}
+
+/// Why a level is the saturation point.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Knee {
+    /// The last level before the curve bends.
+    pub load: Load,
+    /// What the next level added: its output tokens/s growth, its load's growth (both as
+    /// shares), and its p99 TTFT before and after, in ms.
+    pub throughput_growth: f64,
+    pub load_growth: f64,
+    pub ttft_p99: (f64, f64),
+}
+
+/// The level past which the server saturates, `None` when no level in the sweep behaves so.
+/// Closed loop: output tokens/s grows by less than 10 % while p99 TTFT rises. Open loop: output
+/// tokens/s grows by less than half as much as the offered rate while p99 TTFT rises.
+pub fn knee(levels: &[LevelReport]) -> Option<Knee> {
     levels.windows(2).find_map(|pair| {
         let (before, after) = (&pair[0], &pair[1]);
-        let flat =
-            after.output_tokens_per_s < before.output_tokens_per_s * (1.0 + SATURATION_GROWTH);
-        let rising = match (before.ttft.p99, after.ttft.p99) {
-            (Some(b), Some(a)) => a > b,
-            _ => false,
+        let (b, a) = (before.ttft.p99?, after.ttft.p99?);
+        let throughput_growth =
+            after.output_tokens_per_s / before.output_tokens_per_s.max(f64::MIN_POSITIVE) - 1.0;
+        let load_growth = after.load.value() / before.load.value().max(f64::MIN_POSITIVE) - 1.0;
+        let flat = match (before.load, after.load) {
+            (Load::Rate(_), Load::Rate(_)) => {
+                load_growth > 0.0 && throughput_growth < load_growth * TRACKING_SHARE
+            }
+            _ => throughput_growth < SATURATION_GROWTH,
         };
-        (flat && rising).then_some(before.concurrency)
+        (flat && a > b).then_some(Knee {
+            load: before.load,
+            throughput_growth,
+            load_growth,
+            ttft_p99: (b, a),
+        })
     })
+}
+
+/// The first level past which output tokens/s grows by less than 10 % while p99 TTFT keeps
+/// rising; `None` when no level in the sweep behaves so. For an open-loop sweep this is the
+/// peak in flight of the knee's level; [`knee`] says which rate.
+pub fn saturation(levels: &[LevelReport]) -> Option<u32> {
+    let found = knee(levels)?;
+    levels
+        .iter()
+        .find(|l| l.load == found.load)
+        .map(|l| l.concurrency)
+}
+
+/// The saturation verdict in words.
+pub fn verdict(levels: &[LevelReport]) -> String {
+    match knee(levels) {
+        Some(Knee {
+            load: Load::Concurrency(c),
+            ..
+        }) => format!(
+            "saturation: past concurrency {c} output tokens/s grows by less than 10 % while p99 TTFT keeps rising"
+        ),
+        Some(Knee {
+            load: Load::Rate(r),
+            throughput_growth,
+            load_growth,
+            ttft_p99: (b, a),
+        }) => format!(
+            "saturation: past {r} requests/s offered, output tokens/s stops tracking the offered load (offered +{:.0} %, served {:+.0} %) while p99 TTFT rises from {b:.1} to {a:.1} ms",
+            load_growth * 100.0,
+            throughput_growth * 100.0
+        ),
+        None => "saturation: no saturation within the levels tried".into(),
+    }
 }
 
 fn cell(value: Option<f64>) -> String {
     value.map_or_else(|| "-".to_string(), |v| format!("{v:.1}"))
 }
 
+/// A price with three significant digits, however small.
+fn money(x: f64) -> String {
+    if !(x.is_finite() && x > 0.0) {
+        return "0".into();
+    }
+    let decimals = (2 - x.log10().floor() as i32).clamp(2, 12) as usize;
+    format!("{x:.decimals$}")
+}
+
 /// The per-level tables and the saturation verdict, as printed on stdout.
 pub fn render(levels: &[LevelReport], slo: &Slo) -> String {
+    render_levels(levels, slo, None)
+}
+
+/// [`render`], with the cost of each level when a price is given and a closing line naming the
+/// cheapest level.
+pub fn render_levels(levels: &[LevelReport], slo: &Slo, price: Option<&Cost>) -> String {
     let mut out = String::new();
     for level in levels {
-        let _ = writeln!(
+        let _ = write!(
             out,
-            "concurrency {}: {} requests in {:.2}s, {:.2} req/s, {:.1} output tokens/s, {} errors",
-            level.concurrency,
+            "{}: {} requests in {:.2}s, {:.2} req/s, {:.1} output tokens/s, {} errors",
+            level.load,
             level.records.len(),
             level.wall.as_secs_f64(),
             level.requests_per_s,
             level.output_tokens_per_s,
             level.errors
         );
+        if let Load::Rate(_) = level.load {
+            let _ = write!(out, ", peak {} in flight", level.concurrency);
+        }
+        out.push('\n');
+        if level.capped > 0 {
+            let _ = writeln!(
+                out,
+                "  {} arrivals waited for a free slot: --max-in-flight {} capped the offered rate",
+                level.capped, level.max_in_flight
+            );
+        }
         let _ = writeln!(
             out,
             "  {:<10}{:>10}{:>10}{:>10}",
@@ -190,22 +369,107 @@ pub fn render(levels: &[LevelReport], slo: &Slo) -> String {
                 level.attainment * 100.0
             );
         }
+        if let Some(price) = price {
+            match level.cost(price) {
+                Some((per_request, per_million)) => {
+                    let _ = writeln!(
+                        out,
+                        "  cost {} {cur} per request, {} {cur} per million output tokens",
+                        money(per_request),
+                        money(per_million),
+                        cur = price.currency
+                    );
+                }
+                None => out.push_str("  cost: nothing was served\n"),
+            }
+        }
         out.push('\n');
     }
-    match saturation(levels) {
-        Some(level) => {
+    out.push_str(&verdict(levels));
+    out.push('\n');
+    if let Some(price) = price {
+        let cheapest = levels
+            .iter()
+            .filter_map(|l| l.cost(price).map(|c| (l.load, c.1)))
+            .min_by(|a, b| a.1.total_cmp(&b.1));
+        if let Some((load, per_million)) = cheapest {
             let _ = writeln!(
                 out,
-                "saturation: past concurrency {level} output tokens/s grows by less than 10 % while p99 TTFT keeps rising"
+                "cost: cheapest at {load}, {} {cur} per million output tokens at {} {cur}/hour",
+                money(per_million),
+                money(price.per_hour),
+                cur = price.currency
             );
         }
-        None => out.push_str("saturation: no saturation within the levels tried\n"),
     }
     out
 }
 
+/// Target B's added latency over A at each level: TTFT and ITL at p50 and p99 for both, and
+/// B − A (the difference of the two percentiles), in ms to the microsecond.
+pub fn render_compare(a: &[LevelReport], b: &[LevelReport]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<16}{:>12}{:>12}{:>12}{:>12}   (ms)",
+        "B over A", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99"
+    );
+    let row = |out: &mut String, name: &str, values: [Option<f64>; 4], signed: bool| {
+        let _ = write!(out, "  {name:<14}");
+        for v in values {
+            let text = match v {
+                Some(v) if signed => format!("{v:+.3}"),
+                Some(v) => format!("{v:.3}"),
+                None => "-".into(),
+            };
+            let _ = write!(out, "{text:>12}");
+        }
+        out.push('\n');
+    };
+    for (la, lb) in a.iter().zip(b) {
+        let _ = writeln!(out, "{}", la.load);
+        let of = |l: &LevelReport| [l.ttft.p50, l.ttft.p99, l.itl.p50, l.itl.p99];
+        let (va, vb) = (of(la), of(lb));
+        row(&mut out, "A", va, false);
+        row(&mut out, "B", vb, false);
+        let added = std::array::from_fn(|i| Some(vb[i]? - va[i]?));
+        row(&mut out, "added (B - A)", added, true);
+    }
+    out
+}
+
+/// Everything `tokenmeter bench` prints at the end: each target's tables, the comparison, and
+/// the cost when priced.
+pub fn render_sweep(sweep: &Sweep, args: &BenchArgs) -> String {
+    let (slo, price) = (args.slo(), args.cost());
+    match &args.compare {
+        None => render_levels(&sweep.levels, &slo, price.as_ref()),
+        Some(b) => {
+            let mut out = format!("A: {}\n\n", args.url);
+            out.push_str(&render_levels(&sweep.levels, &slo, price.as_ref()));
+            let _ = write!(out, "\nB: {b}\n\n");
+            out.push_str(&render_levels(&sweep.compared, &slo, price.as_ref()));
+            out.push('\n');
+            out.push_str(&render_compare(&sweep.levels, &sweep.compared));
+            out
+        }
+    }
+}
+
 /// Writes one row per request of every level to `path`.
 pub fn write_csv(path: &Path, levels: &[LevelReport]) -> Result<(), csv::Error> {
+    write_rows(path, levels.iter())
+}
+
+/// Writes one row per request of the whole sweep (both targets with `--compare`) to `path`.
+pub fn write_sweep_csv(path: &Path, sweep: &Sweep) -> Result<(), csv::Error> {
+    write_rows(path, sweep.levels.iter().chain(&sweep.compared))
+}
+
+fn write_rows<'a>(
+    path: &Path,
+    levels: impl Iterator<Item = &'a LevelReport>,
+) -> Result<(), csv::Error> {
     let mut writer = csv::Writer::from_path(path)?;
     writer.write_record([
         "request_id",
@@ -219,9 +483,13 @@ pub fn write_csv(path: &Path, levels: &[LevelReport]) -> Result<(), csv::Error> 
         "error",
         "max_itl_ms",
         "token_source",
+        "rate",
+        "max_tokens",
+        "start_ms",
+        "target",
     ])?;
     let opt_ms = |d: Option<Duration>| d.map_or_else(String::new, |d| format!("{:.3}", ms(d)));
-    for r in levels.iter().flat_map(|l| &l.records) {
+    for r in levels.flat_map(|l| &l.records) {
         writer.write_record([
             r.request_id.to_string(),
             r.concurrency.to_string(),
@@ -234,6 +502,10 @@ pub fn write_csv(path: &Path, levels: &[LevelReport]) -> Result<(), csv::Error> 
             r.error.clone().unwrap_or_default(),
             opt_ms(r.max_itl),
             r.token_source.as_str().to_string(),
+            r.rate.map_or_else(String::new, |r| r.to_string()),
+            r.max_tokens.to_string(),
+            format!("{:.3}", ms(r.start)),
+            r.target.as_str().to_string(),
         ])?;
     }
     writer.flush()?;

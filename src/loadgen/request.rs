@@ -40,11 +40,38 @@ impl TokenSource {
     }
 }
 
+/// Which server a request went to: `--url` (A) or `--compare` (B).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Target {
+    #[default]
+    A,
+    B,
+}
+
+impl Target {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Target::A => "A",
+            Target::B => "B",
+        }
+    }
+}
+
 /// What one request measured.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Record {
+    /// The request's index within its level (and target): the same index is the same request.
     pub request_id: u32,
+    /// Closed loop: the level's concurrency. Open loop: the requests in flight (this one
+    /// included) when it was sent.
     pub concurrency: u32,
+    /// The offered rate of its level (requests/s), for an open-loop level.
+    pub rate: Option<f64>,
+    pub target: Target,
+    /// The `max_tokens` it asked for.
+    pub max_tokens: u32,
+    /// When it was sent, from the start of its level.
+    pub start: Duration,
     /// The prompt tokens the server reported, if it did.
     pub prompt_tokens: Option<u64>,
     pub output_tokens: u64,
@@ -174,6 +201,10 @@ impl Timing {
         Record {
             request_id: 0,
             concurrency: 0,
+            rate: None,
+            target: Target::A,
+            max_tokens: 0,
+            start: Duration::ZERO,
             prompt_tokens: summary.usage_prompt_tokens,
             output_tokens,
             token_source,
