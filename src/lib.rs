@@ -11,6 +11,7 @@
 pub mod access_log;
 pub mod admin;
 pub mod config;
+pub mod demo;
 pub mod error;
 pub mod forward;
 pub mod live;

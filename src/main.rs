@@ -41,6 +41,8 @@ enum Command {
     Bench(Box<tokenmeter::loadgen::BenchArgs>),
     /// Print Prometheus recording and alerting rules for the configuration's SLOs.
     Rules(tokenmeter::rules::RulesArgs),
+    /// The tour: the sim, tokenmeter in front of it and a load sweep, in one process.
+    Demo(tokenmeter::demo::DemoArgs),
 }
 
 /// Running the proxy (the default command).
@@ -71,6 +73,7 @@ fn main() -> ExitCode {
         Some(Command::Sim(config)) => tokenmeter::sim::main(config),
         Some(Command::Bench(args)) => tokenmeter::loadgen::main(*args),
         Some(Command::Rules(args)) => tokenmeter::rules::main(args),
+        Some(Command::Demo(args)) => tokenmeter::demo::main(args),
         None => run(cli.run),
     }
 }
