@@ -27,3 +27,5 @@ fi
 cargo fmt --check
 cargo clippy --all-targets -- -D warnings
 cargo test
+# No Docker engine in CI: replay docker/Dockerfile's build and check the result (docker/check.sh).
+bash docker/check.sh
