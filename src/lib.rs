@@ -12,6 +12,7 @@ pub mod admin;
 pub mod config;
 pub mod error;
 pub mod forward;
+pub mod inject;
 pub mod live;
 pub mod loadgen;
 pub mod metrics;

@@ -37,6 +37,9 @@ enum Command {
     Sim(tokenmeter::sim::SimConfig),
     /// Sweep concurrency levels against a chat endpoint and report latency, throughput and goodput.
     Bench(tokenmeter::loadgen::BenchArgs),
+    /// Add the tokenmeter sidecar to Kubernetes YAML on stdin (Deployments, StatefulSets and
+    /// the Services selecting them) and write it to stdout.
+    Inject(tokenmeter::inject::InjectArgs),
 }
 
 /// Running the proxy (the default command).
@@ -66,6 +69,7 @@ fn main() -> ExitCode {
         Some(Command::Check { config }) => check(&config),
         Some(Command::Sim(config)) => tokenmeter::sim::main(config),
         Some(Command::Bench(args)) => tokenmeter::loadgen::main(args),
+        Some(Command::Inject(args)) => tokenmeter::inject::main(args),
         None => run(cli.run),
     }
 }
