@@ -34,6 +34,21 @@ pub struct Config {
     pub model_label_limit: usize,
     pub stream: StreamLimits,
     pub reload: Reload,
+    /// What one replica (the pod: model server and sidecar) costs; absent means no cost rules.
+    pub cost: Option<Cost>,
+}
+
+/// The price of one replica, from which `tokenmeter rules` derives cost per request and per
+/// million tokens. The proxy itself never reads it.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cost {
+    /// What one replica costs per hour, in `currency`.
+    #[serde(deserialize_with = "price")]
+    pub per_hour: f64,
+    /// An ISO 4217 code, like USD or EUR; it becomes the `currency` label of the cost series.
+    #[serde(deserialize_with = "currency")]
+    pub currency: String,
 }
 
 /// Bounds on reading response streams.
@@ -83,6 +98,7 @@ impl Default for Config {
             model_label_limit: crate::metrics::DEFAULT_MODEL_LABEL_LIMIT,
             stream: StreamLimits::default(),
             reload: Reload::default(),
+            cost: None,
         }
     }
 }
@@ -499,6 +515,69 @@ fn opt_ratio<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
     d.deserialize_any(RatioVisitor).map(Some)
 }
 
+struct PriceVisitor;
+
+impl PriceVisitor {
+    fn check<E: de::Error>(v: f64) -> Result<f64, E> {
+        if v.is_finite() && v > 0.0 {
+            Ok(v)
+        } else {
+            Err(E::custom(format!(
+                "{v} is not a price: give a positive amount per hour, like 2.50"
+            )))
+        }
+    }
+}
+
+// Checked inside the visitor so that serde_yaml names the field and its line.
+impl Visitor<'_> for PriceVisitor {
+    type Value = f64;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a positive amount per hour, like 2.50")
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<f64, E> {
+        Self::check(v)
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<f64, E> {
+        Self::check(v as f64)
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<f64, E> {
+        Self::check(v as f64)
+    }
+}
+
+fn price<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    d.deserialize_any(PriceVisitor)
+}
+
+struct CurrencyVisitor;
+
+impl Visitor<'_> for CurrencyVisitor {
+    type Value = String;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a currency code of three capital letters, like USD")
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<String, E> {
+        if v.len() == 3 && v.bytes().all(|b| b.is_ascii_uppercase()) {
+            Ok(v.to_string())
+        } else {
+            Err(E::custom(format!(
+                "`{v}` is not a currency code: write three capital letters, like USD or EUR"
+            )))
+        }
+    }
+}
+
+fn currency<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    d.deserialize_str(CurrencyVisitor)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -615,6 +694,73 @@ routes:
         assert_eq!(c.routes[0].dialect, Some(crate::stream::Dialect::Tgi));
         let e = err("routes:\n  - name: a\n    match: {methods: [\"GE T\"]}\n");
         assert!(e.contains("routes[0].match.methods"), "{e}");
+    }
+
+    #[test]
+    fn cost_is_a_positive_price_in_a_currency() {
+        let c = Config::parse("cost: {per_hour: 2.50, currency: USD}\n", "t.yaml").unwrap();
+        assert_eq!(
+            c.cost,
+            Some(Cost {
+                per_hour: 2.5,
+                currency: "USD".into()
+            })
+        );
+        assert_eq!(
+            Config::parse("cost: {per_hour: 3, currency: EUR}\n", "t.yaml")
+                .unwrap()
+                .cost
+                .map(|c| c.per_hour),
+            Some(3.0)
+        );
+        assert_eq!(Config::default().cost, None);
+        for (text, field, problem) in [
+            (
+                "cost:\n  per_hour: 0\n  currency: USD\n",
+                "cost.per_hour",
+                "not a price",
+            ),
+            (
+                "cost:\n  per_hour: -1.5\n  currency: USD\n",
+                "cost.per_hour",
+                "not a price",
+            ),
+            (
+                "cost:\n  per_hour: .inf\n  currency: USD\n",
+                "cost.per_hour",
+                "not a price",
+            ),
+            (
+                "cost:\n  per_hour: .nan\n  currency: USD\n",
+                "cost.per_hour",
+                "not a price",
+            ),
+            (
+                "cost:\n  per_hour: 2\n  currency: usd\n",
+                "cost.currency",
+                "not a currency",
+            ),
+            (
+                "cost:\n  per_hour: 2\n  currency: DOLLAR\n",
+                "cost.currency",
+                "not a currency",
+            ),
+            (
+                "cost:\n  per_hour: 2\n  currency: USD\n  per_day: 3\n",
+                "cost",
+                "unknown field `per_day`",
+            ),
+            ("cost:\n  per_hour: 2\n", "cost", "missing field `currency`"),
+        ] {
+            let e = err(text);
+            assert!(
+                e.contains("t.yaml")
+                    && e.contains(field)
+                    && e.contains(problem)
+                    && e.contains("line "),
+                "{text:?} gave {e}"
+            );
+        }
     }
 
     #[test]

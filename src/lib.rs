@@ -5,7 +5,8 @@
 //! and [`forward`] (its body read in passing for `model` by [`request_body`] and
 //! [`request_model`]), its response timed by [`timed_body`] and read by [`stream`], and judged,
 //! published and logged once by [`recorder`] into [`metrics`] and [`access_log`]. [`admin`]
-//! serves what was published. [`config`] is the YAML that sets it all up.
+//! serves what was published. [`config`] is the YAML that sets it all up; [`rules`] turns
+//! its SLOs into Prometheus rules.
 
 pub mod access_log;
 pub mod admin;
@@ -22,6 +23,7 @@ pub mod reload;
 pub mod request_body;
 pub mod request_model;
 pub mod route;
+pub mod rules;
 pub mod server;
 pub mod sim;
 pub mod slo;

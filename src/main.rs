@@ -37,6 +37,8 @@ enum Command {
     Sim(tokenmeter::sim::SimConfig),
     /// Sweep concurrency levels against a chat endpoint and report latency, throughput and goodput.
     Bench(tokenmeter::loadgen::BenchArgs),
+    /// Print Prometheus recording and alerting rules for the configuration's SLOs.
+    Rules(tokenmeter::rules::RulesArgs),
     /// Add the tokenmeter sidecar to Kubernetes YAML on stdin (Deployments, StatefulSets and
     /// the Services selecting them) and write it to stdout.
     Inject(tokenmeter::inject::InjectArgs),
@@ -69,6 +71,7 @@ fn main() -> ExitCode {
         Some(Command::Check { config }) => check(&config),
         Some(Command::Sim(config)) => tokenmeter::sim::main(config),
         Some(Command::Bench(args)) => tokenmeter::loadgen::main(args),
+        Some(Command::Rules(args)) => tokenmeter::rules::main(args),
         Some(Command::Inject(args)) => tokenmeter::inject::main(args),
         None => run(cli.run),
     }

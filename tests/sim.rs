@@ -517,3 +517,22 @@ async fn over_http_on_paused_time_requests_past_max_batch_wait_for_a_slot() {
         .flat_map(|r| &r.2)
         .all(|g| *g >= Duration::from_millis(12)));
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_extra_delay_set_while_running_adds_to_ttft_until_cleared() {
+    let sim = sim::start(SimConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        ..SimConfig::default()
+    })
+    .await
+    .unwrap();
+    let chat_url = url(&sim, "/v1/chat/completions");
+    sim.set_extra_delay(Duration::from_millis(250));
+    let (ttft, _, gaps) = timed_chat(chat_url.clone(), Instant::now(), 3).await;
+    // The lone request's 18 ms (see above) plus the delay; decoding is untouched.
+    assert_eq!(ttft, Duration::from_millis(268));
+    assert_eq!(gaps, vec![Duration::from_millis(12); 2]);
+    sim.set_extra_delay(Duration::ZERO);
+    let (ttft, _, _) = timed_chat(chat_url, Instant::now(), 3).await;
+    assert_eq!(ttft, Duration::from_millis(18));
+}

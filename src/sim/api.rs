@@ -16,7 +16,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
@@ -65,6 +65,9 @@ pub(super) struct State {
     pub jobs: mpsc::Sender<Job>,
     pub rng: Mutex<Rng>,
     pub next_id: AtomicU64,
+    /// Microseconds every request waits before it is queued; set while running by
+    /// [`super::RunningSim::set_extra_delay`].
+    pub extra_delay_us: AtomicU64,
 }
 
 /// xorshift64*: small, seeded, so a run's faults reproduce with `--seed`.
@@ -187,6 +190,11 @@ where
         }
         Fate::Run(fault) => fault,
     };
+    // Before the engine sees the request, so the batch's timing stays the engine's own.
+    let extra = state.extra_delay_us.load(Ordering::Relaxed);
+    if extra > 0 {
+        tokio::time::sleep(Duration::from_micros(extra)).await;
+    }
     let (job, mut events) = Job::new(ask.prompt_tokens, ask.max_tokens, fault);
     match state.jobs.try_send(job) {
         Ok(()) => {}

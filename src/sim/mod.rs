@@ -12,7 +12,7 @@ pub mod engine;
 use std::io;
 use std::net::SocketAddr;
 use std::process::ExitCode;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -121,9 +121,18 @@ pub struct RunningSim {
     pub addr: SocketAddr,
     accept: JoinHandle<()>,
     engine: JoinHandle<()>,
+    state: Arc<State>,
 }
 
 impl RunningSim {
+    /// From now on, every generation request waits `delay` before it is queued, so its TTFT
+    /// and E2E grow by `delay`: a running server turned slow (zero turns it back). For tests
+    /// and demos of SLO alerts; there is no flag for it.
+    pub fn set_extra_delay(&self, delay: Duration) {
+        let micros = u64::try_from(delay.as_micros()).unwrap_or(u64::MAX);
+        self.state.extra_delay_us.store(micros, Ordering::Relaxed);
+    }
+
     pub fn shutdown(&self) {
         self.accept.abort();
         self.engine.abort();
@@ -146,12 +155,14 @@ pub async fn start(config: SimConfig) -> io::Result<RunningSim> {
         config,
         jobs,
         next_id: AtomicU64::new(0),
+        extra_delay_us: AtomicU64::new(0),
     });
-    let accept = tokio::spawn(accept_loop(listener, state));
+    let accept = tokio::spawn(accept_loop(listener, state.clone()));
     Ok(RunningSim {
         addr,
         accept,
         engine,
+        state,
     })
 }
 
