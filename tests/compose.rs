@@ -162,6 +162,33 @@ fn the_image_and_the_commands_are_tokenmeters_own() {
 }
 
 #[test]
+fn the_slow_override_keeps_the_sim_where_tokenmeter_looks_for_it() {
+    let text = std::fs::read_to_string(repo().join("docker/compose.slow.yaml")).unwrap();
+    let slow: Value = serde_yaml::from_str(&text).unwrap();
+    let services = slow["services"].as_mapping().unwrap();
+    assert_eq!(services.len(), 1, "the override touches the sim only");
+    let mut args = strings(&slow["services"]["sim"]["command"]);
+    let normal = strings(&compose()["services"]["sim"]["command"]);
+    assert_eq!(flag(&args, "--listen"), flag(&normal, "--listen"));
+    // Slower than the chat route's TPOT objective, so the chat SLO is missed.
+    let step = flag(&args, "--decode-step").unwrap();
+    let config = Config::load(&repo().join("config/tokenmeter.yaml")).unwrap();
+    let chat = config.routes.iter().find(|r| r.name == "chat").unwrap();
+    let tpot = chat.slo.as_ref().and_then(|s| s.tpot).unwrap();
+    assert!(tokenmeter::config::parse_duration(&step).unwrap() > tpot);
+    args.push("--help".into());
+    let out = Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
+        .args(&args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
 fn the_services_reach_each_other_on_the_ports_they_listen_on() {
     let compose = compose();
     let s = &compose["services"];
