@@ -119,18 +119,21 @@ pub fn inject(input: &str, args: &InjectArgs) -> Result<String, InjectError> {
     let mut docs = split_documents(input)?;
     let mut workloads = Vec::new();
     for (i, doc) in docs.iter_mut().enumerate() {
-        let kind = doc.value.get("kind").and_then(Value::as_str).unwrap_or("");
-        if matches!(kind, "Deployment" | "StatefulSet") {
-            let what = describe(i, &doc.value);
-            let (workload, changed) = inject_workload(&mut doc.value, args)
-                .map_err(|e| InjectError(format!("{what}: {e}")))?;
-            doc.changed |= changed;
-            workloads.push(workload);
+        for (what, object) in objects(i, &mut doc.value) {
+            let kind = object.get("kind").and_then(Value::as_str).unwrap_or("");
+            if matches!(kind, "Deployment" | "StatefulSet") {
+                let (workload, changed) = inject_workload(object, args)
+                    .map_err(|e| InjectError(format!("{what}: {e}")))?;
+                doc.changed |= changed;
+                workloads.push(workload);
+            }
         }
     }
-    for doc in &mut docs {
-        if doc.value.get("kind").and_then(Value::as_str) == Some("Service") {
-            doc.changed |= retarget_service(&mut doc.value, &workloads);
+    for (i, doc) in docs.iter_mut().enumerate() {
+        for (_, object) in objects(i, &mut doc.value) {
+            if object.get("kind").and_then(Value::as_str) == Some("Service") {
+                doc.changed |= retarget_service(object, &workloads);
+            }
         }
     }
     let mut out = String::with_capacity(input.len() + 2048);
@@ -207,6 +210,26 @@ fn split_documents(input: &str) -> Result<Vec<Document<'_>>, InjectError> {
         });
     }
     Ok(docs)
+}
+
+/// The objects in a document: itself, or the items of a `kind: List` (what `kubectl get -o yaml`
+/// prints for several objects), each with how an error names it.
+fn objects(index: usize, value: &mut Value) -> Vec<(String, &mut Value)> {
+    let is_list = value.get("kind").and_then(Value::as_str) == Some("List")
+        && value.get("items").is_some_and(Value::is_sequence);
+    if !is_list {
+        return vec![(describe(index, value), value)];
+    }
+    let items = value.get_mut("items").and_then(Value::as_sequence_mut);
+    items
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .map(|(j, item)| {
+            let what = describe(index, item).replacen(" (", &format!(" item {} (", j + 1), 1);
+            (what, item)
+        })
+        .collect()
 }
 
 fn describe(index: usize, value: &Value) -> String {
@@ -558,6 +581,40 @@ spec:
                 .find("apiVersion: v1\nkind: Service\nmetadata: {name: b}")
                 .unwrap()..]
         ));
+    }
+
+    #[test]
+    fn the_items_of_a_list_are_injected_too() {
+        // `kubectl get deploy,svc -o yaml` prints one List holding both.
+        let deployment: Value = serde_yaml::from_str(PLAIN).unwrap();
+        let service: Value = serde_yaml::from_str(
+            "{apiVersion: v1, kind: Service, metadata: {name: m}, spec: {selector: {app: m}, ports: [{port: 80, targetPort: 8000}]}}",
+        )
+        .unwrap();
+        let mut list = Mapping::new();
+        list.insert(key("apiVersion"), key("v1"));
+        list.insert(key("kind"), key("List"));
+        list.insert(key("items"), Value::Sequence(vec![deployment, service]));
+        let input = serde_yaml::to_string(&list).unwrap();
+        let out: Value =
+            serde_yaml::from_str(&inject(&input, &InjectArgs::default()).unwrap()).unwrap();
+        let items = &out["items"];
+        assert_eq!(
+            items[0]["spec"]["template"]["spec"]["initContainers"][0]["name"],
+            key(CONTAINER)
+        );
+        assert_eq!(
+            items[1]["spec"]["ports"][0]["targetPort"],
+            key(PROXY_PORT_NAME)
+        );
+        let bad = input.replace("containerPort: 8000", "hostPort: 8000");
+        let e = inject(&bad, &InjectArgs::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("document 1 item 1 (Deployment/m): cannot tell"),
+            "{e}"
+        );
     }
 
     #[test]
