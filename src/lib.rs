@@ -14,6 +14,7 @@ pub mod config;
 pub mod demo;
 pub mod error;
 pub mod forward;
+pub mod inject;
 pub mod live;
 pub mod loadgen;
 pub mod metrics;

@@ -43,6 +43,9 @@ enum Command {
     Rules(tokenmeter::rules::RulesArgs),
     /// The tour: the sim, tokenmeter in front of it and a load sweep, in one process.
     Demo(tokenmeter::demo::DemoArgs),
+    /// Add the tokenmeter sidecar to Kubernetes YAML on stdin (Deployments, StatefulSets and
+    /// the Services selecting them) and write it to stdout.
+    Inject(tokenmeter::inject::InjectArgs),
 }
 
 /// Running the proxy (the default command).
@@ -74,6 +77,7 @@ fn main() -> ExitCode {
         Some(Command::Bench(args)) => tokenmeter::loadgen::main(*args),
         Some(Command::Rules(args)) => tokenmeter::rules::main(args),
         Some(Command::Demo(args)) => tokenmeter::demo::main(args),
+        Some(Command::Inject(args)) => tokenmeter::inject::main(args),
         None => run(cli.run),
     }
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: on a fresh Debian machine with only the Rust toolchain, installs what the
 # tests use (promtool from Debian's prometheus package, curl, chromium for the live view's
-# browser test, the openai Python package), then runs formatting, lints and every test.
+# browser test, the openai Python package, kubernetes-validate and prometheus-operator's models),
+# then runs formatting, lints and every test, and replays docker/Dockerfile (docker/check.sh).
 # CI runs exactly this (.ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +24,16 @@ if ! python3 -c "import openai" 2>/dev/null; then
   python3 -m pip install -q openai 2>/dev/null \
     || python3 -m pip install -q --break-system-packages openai
 fi
+# tests/k8s.rs: kubernetes-validate for built-in kinds, prometheus-operator's models for its CRDs.
+if ! command -v kubernetes-validate >/dev/null 2>&1 \
+  || ! python3 -c "import cloudcoil.models.prometheus_operator" 2>/dev/null; then
+  echo "tests/run.sh: installing kubernetes-validate and cloudcoil-models-prometheus-operator"
+  python3 -m pip install -q kubernetes-validate cloudcoil-models-prometheus-operator 2>/dev/null \
+    || python3 -m pip install -q --break-system-packages kubernetes-validate cloudcoil-models-prometheus-operator
+fi
 
 cargo fmt --check
 cargo clippy --all-targets -- -D warnings
 cargo test
+# No Docker engine in CI: replay docker/Dockerfile's build and check the result (docker/check.sh).
+bash docker/check.sh
