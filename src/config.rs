@@ -476,82 +476,68 @@ fn opt_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::
     d.deserialize_any(DurationVisitor).map(Some)
 }
 
-struct RatioVisitor;
+/// A number checked as it is read: the check runs inside the visitor so that serde_yaml names
+/// the field and its line.
+struct CheckedNumber {
+    expecting: &'static str,
+    check: fn(f64) -> Result<f64, String>,
+}
 
-impl RatioVisitor {
-    fn check<E: de::Error>(v: f64) -> Result<f64, E> {
-        if (0.0..=1.0).contains(&v) {
-            Ok(v)
-        } else {
-            Err(E::custom(format!(
-                "{v} is outside 0..1: an objective is a fraction of requests, like 0.99"
-            )))
-        }
+impl CheckedNumber {
+    fn accept<E: de::Error>(&self, v: f64) -> Result<f64, E> {
+        (self.check)(v).map_err(E::custom)
     }
 }
 
-// The check runs inside the visitor so that serde_yaml names the field and its line.
-impl Visitor<'_> for RatioVisitor {
+impl Visitor<'_> for CheckedNumber {
     type Value = f64;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a ratio between 0 and 1, like 0.99")
+        f.write_str(self.expecting)
     }
 
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<f64, E> {
-        Self::check(v)
+        self.accept(v)
     }
 
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<f64, E> {
-        Self::check(v as f64)
+        self.accept(v as f64)
     }
 
     fn visit_i64<E: de::Error>(self, v: i64) -> Result<f64, E> {
-        Self::check(v as f64)
+        self.accept(v as f64)
     }
 }
 
 fn opt_ratio<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
-    d.deserialize_any(RatioVisitor).map(Some)
-}
-
-struct PriceVisitor;
-
-impl PriceVisitor {
-    fn check<E: de::Error>(v: f64) -> Result<f64, E> {
-        if v.is_finite() && v > 0.0 {
-            Ok(v)
-        } else {
-            Err(E::custom(format!(
-                "{v} is not a price: give a positive amount per hour, like 2.50"
-            )))
-        }
-    }
-}
-
-// Checked inside the visitor so that serde_yaml names the field and its line.
-impl Visitor<'_> for PriceVisitor {
-    type Value = f64;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a positive amount per hour, like 2.50")
-    }
-
-    fn visit_f64<E: de::Error>(self, v: f64) -> Result<f64, E> {
-        Self::check(v)
-    }
-
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<f64, E> {
-        Self::check(v as f64)
-    }
-
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<f64, E> {
-        Self::check(v as f64)
-    }
+    d.deserialize_any(CheckedNumber {
+        expecting: "a ratio between 0 and 1, like 0.99",
+        check: |v| {
+            if (0.0..=1.0).contains(&v) {
+                Ok(v)
+            } else {
+                Err(format!(
+                    "{v} is outside 0..1: an objective is a fraction of requests, like 0.99"
+                ))
+            }
+        },
+    })
+    .map(Some)
 }
 
 fn price<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
-    d.deserialize_any(PriceVisitor)
+    d.deserialize_any(CheckedNumber {
+        expecting: "a positive amount per hour, like 2.50",
+        check: |v| {
+            if v.is_finite() && v > 0.0 {
+                Ok(v)
+            } else {
+                Err(format!(
+                    "{v} is not a price: give a positive amount per hour, like 2.50"
+                ))
+            }
+        },
+    })
 }
 
 struct CurrencyVisitor;

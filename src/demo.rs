@@ -388,26 +388,14 @@ async fn demo(args: DemoArgs) -> Result<(), String> {
 /// The `tokenmeter demo` command.
 pub fn main(args: DemoArgs) -> ExitCode {
     if args.levels.is_empty() {
-        eprintln!("tokenmeter: --levels needs at least one level");
-        return ExitCode::from(2);
+        return crate::cli::fail(&"--levels needs at least one level");
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("tokenmeter: cannot start the runtime: {e}");
-            return ExitCode::from(2);
+    crate::cli::block_on(async move {
+        match demo(args).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => crate::cli::fail(&e),
         }
-    };
-    match runtime.block_on(demo(args)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("tokenmeter: {e}");
-            ExitCode::from(2)
-        }
-    }
+    })
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@
 
 pub mod access_log;
 pub mod admin;
+pub mod cli;
 pub mod config;
 pub mod demo;
 pub mod error;

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
+use tokenmeter::cli::fail;
 use tokenmeter::config::{Config, ConfigError, Upstream};
 use tokenmeter::reload::Overrides;
 use tokenmeter::server::Running;
@@ -99,11 +100,6 @@ fn check(path: &Path) -> ExitCode {
     }
 }
 
-fn fail(error: &dyn std::fmt::Display) -> ExitCode {
-    eprintln!("tokenmeter: {error}");
-    ExitCode::from(2)
-}
-
 fn overrides(args: &RunArgs) -> Overrides {
     Overrides {
         listen: args.listen,
@@ -128,27 +124,12 @@ fn load(args: &RunArgs) -> Result<Config, ConfigError> {
 }
 
 fn run(args: RunArgs) -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        // Colour only for a person at a terminal; log collectors get plain text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    tokenmeter::cli::init_logging();
     let config = match load(&args) {
         Ok(config) => config,
         Err(e) => return fail(&e),
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => return fail(&format!("cannot start the runtime: {e}")),
-    };
-    runtime.block_on(async {
+    tokenmeter::cli::block_on(async {
         let running =
             match tokenmeter::server::start(config, args.config.clone(), overrides(&args)).await {
                 Ok(running) => running,

@@ -628,10 +628,7 @@ pub fn main(args: RulesArgs) -> ExitCode {
             );
             ExitCode::SUCCESS
         }
-        Err(e) => {
-            eprintln!("tokenmeter: {e}");
-            ExitCode::from(2)
-        }
+        Err(e) => crate::cli::fail(&e),
     }
 }
 

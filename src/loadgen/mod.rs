@@ -467,36 +467,28 @@ pub fn main(args: BenchArgs) -> ExitCode {
     // A bad prompts file is the user's to fix: say where, before any request is sent.
     let workload = match args.workload() {
         Ok(w) => Arc::new(w),
-        Err(e) => {
-            eprintln!("tokenmeter: {e}");
-            return ExitCode::from(2);
-        }
+        Err(e) => return crate::cli::fail(&e),
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("tokenmeter: cannot start the runtime: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    let progress = progress::for_stderr();
-    let sweep = runtime.block_on(sweep(&args, workload, progress.as_ref()));
-    drop(progress);
+    crate::cli::block_on(async move {
+        let progress = progress::for_stderr();
+        let sweep = sweep(&args, workload, progress.as_ref()).await;
+        drop(progress);
+        finish(&args, &sweep)
+    })
+}
+
+/// Writes the files asked for and prints the tables.
+fn finish(args: &BenchArgs, sweep: &Sweep) -> ExitCode {
     if let Some(path) = &args.csv {
-        if let Err(e) = report::write_sweep_csv(path, &sweep) {
-            eprintln!("tokenmeter: cannot write {}: {e}", path.display());
-            return ExitCode::from(2);
+        if let Err(e) = report::write_sweep_csv(path, sweep) {
+            return crate::cli::fail(&format!("cannot write {}: {e}", path.display()));
         }
     }
     if let Some(path) = &args.plot {
-        if let Err(e) = plot::write_svg(path, &sweep) {
-            eprintln!("tokenmeter: cannot write {}: {e}", path.display());
-            return ExitCode::from(2);
+        if let Err(e) = plot::write_svg(path, sweep) {
+            return crate::cli::fail(&format!("cannot write {}: {e}", path.display()));
         }
     }
-    print!("{}", report::render_sweep(&sweep, &args));
+    print!("{}", report::render_sweep(sweep, args));
     ExitCode::SUCCESS
 }

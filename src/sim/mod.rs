@@ -193,38 +193,17 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>) {
 
 /// The `tokenmeter sim` command: serve until SIGINT or SIGTERM.
 pub fn main(config: SimConfig) -> ExitCode {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("tokenmeter: cannot start the runtime: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    runtime.block_on(async {
+    crate::cli::init_logging();
+    crate::cli::block_on(async {
         let listen = config.listen;
         let model = config.model.clone();
         let running = match start(config).await {
             Ok(running) => running,
-            Err(e) => {
-                eprintln!("tokenmeter: cannot listen on {listen}: {e}");
-                return ExitCode::from(2);
-            }
+            Err(e) => return crate::cli::fail(&format!("cannot listen on {listen}: {e}")),
         };
         tracing::info!(listen = %running.addr, %model, "tokenmeter sim is serving");
         if let Err(e) = stop_signal().await {
-            eprintln!("tokenmeter: cannot listen for signals: {e}");
-            return ExitCode::from(2);
+            return crate::cli::fail(&format!("cannot listen for signals: {e}"));
         }
         tracing::info!("shutdown signal received");
         running.shutdown();
