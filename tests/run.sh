@@ -25,11 +25,13 @@ if ! python3 -c "import openai" 2>/dev/null; then
     || python3 -m pip install -q --break-system-packages openai
 fi
 # tests/k8s.rs: kubernetes-validate for built-in kinds, prometheus-operator's models for its CRDs.
+# Pinned: what they accept is the test's expectation (schemas for Kubernetes 1.30 to 1.37).
+validators=(kubernetes-validate==1.37.0 cloudcoil-models-prometheus-operator==0.80.1.0)
 if ! command -v kubernetes-validate >/dev/null 2>&1 \
   || ! python3 -c "import cloudcoil.models.prometheus_operator" 2>/dev/null; then
   echo "tests/run.sh: installing kubernetes-validate and cloudcoil-models-prometheus-operator"
-  python3 -m pip install -q kubernetes-validate cloudcoil-models-prometheus-operator 2>/dev/null \
-    || python3 -m pip install -q --break-system-packages kubernetes-validate cloudcoil-models-prometheus-operator
+  python3 -m pip install -q "${validators[@]}" 2>/dev/null \
+    || python3 -m pip install -q --break-system-packages "${validators[@]}"
 fi
 
 cargo fmt --check
