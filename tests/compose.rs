@@ -146,19 +146,22 @@ fn the_image_and_the_commands_are_tokenmeters_own() {
         );
         assert_eq!(s[name]["build"]["context"].as_str(), Some(".."), "{name}");
         assert_eq!(s[name]["image"], s["tokenmeter"]["image"], "{name}");
-        // clap parses every flag and value before it honours --help: a typo fails here.
-        let mut args = strings(&s[name]["command"]);
-        args.push("--help".into());
-        let out = Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
-            .args(&args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{name}: tokenmeter {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_flags_parse(&strings(&s[name]["command"]));
     }
+}
+
+/// clap parses every flag and value before it honours --help: a typo in `args` fails here.
+fn assert_flags_parse(args: &[String]) {
+    let out = Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
+        .args(args)
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "tokenmeter {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
@@ -167,7 +170,7 @@ fn the_slow_override_keeps_the_sim_where_tokenmeter_looks_for_it() {
     let slow: Value = serde_yaml::from_str(&text).unwrap();
     let services = slow["services"].as_mapping().unwrap();
     assert_eq!(services.len(), 1, "the override touches the sim only");
-    let mut args = strings(&slow["services"]["sim"]["command"]);
+    let args = strings(&slow["services"]["sim"]["command"]);
     let normal = strings(&compose()["services"]["sim"]["command"]);
     assert_eq!(flag(&args, "--listen"), flag(&normal, "--listen"));
     // Slower than the chat route's TPOT objective, so the chat SLO is missed.
@@ -176,16 +179,7 @@ fn the_slow_override_keeps_the_sim_where_tokenmeter_looks_for_it() {
     let chat = config.routes.iter().find(|r| r.name == "chat").unwrap();
     let tpot = chat.slo.as_ref().and_then(|s| s.tpot).unwrap();
     assert!(tokenmeter::config::parse_duration(&step).unwrap() > tpot);
-    args.push("--help".into());
-    let out = Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
-        .args(&args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_flags_parse(&args);
 }
 
 #[test]
