@@ -15,8 +15,8 @@ use std::hint::black_box;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use tokenmeter::request_model::ModelScanner;
-use tokenmeter::stream::{detect, Dialect, Framing, StreamReader};
+use tokenmeter::ModelScanner;
+use tokenmeter::{detect, Dialect, Framing, StreamReader};
 
 /// How long each measurement runs, at least; the median of several runs is reported.
 const TARGET: Duration = Duration::from_millis(60);

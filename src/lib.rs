@@ -1,33 +1,39 @@
 //! tokenmeter: a sidecar reverse proxy that measures how an LLM service feels to its users.
 //!
-//! A request's path through the crate, by file: accepted in [`server`], routed by [`route`],
-//! forwarded by [`proxy`]
-//! and [`forward`] (its body read in passing for `model` by [`request_body`] and
-//! [`request_model`]), its response timed by [`timed_body`] and read by [`stream`], and judged,
-//! published and logged once by [`recorder`] into [`metrics`] and [`access_log`]. [`admin`]
-//! serves what was published. [`config`] is the YAML that sets it all up; [`rules`] turns
-//! its SLOs into Prometheus rules.
+//! The crate is built in floors; each uses only the floors below it (`tests/architecture.rs`
+//! checks it), so a request's path reads from the top of this list to the bottom and back:
+//!
+//! | floor | holds |
+//! |---|---|
+//! | `tools` | the subcommands: sim, bench, demo, rules, inject; users of this public API only |
+//! | `proxy` | accept loop and health, the service, forwarding, the request body, admin, reload |
+//! | `measure` | the recorder (one `finish`), the timed body, the model slot, the meter |
+//! | `publish` | Prometheus metrics, the live view, the per-request record |
+//! | `policy` | routes, SLO verdicts, the plain values of a finished request |
+//! | `config` | the YAML schema, every default, validation |
+//! | `parse` | SSE/NDJSON/JSON framing, the dialects, the request `model` scanner: pure code |
+//!
+//! What is exported here is the whole public API: running the proxy ([`start`]), its
+//! configuration ([`Config`]), the stream reader ([`StreamReader`]) that `bench` shares with the
+//! proxy, and the measuring body ([`Recorder`], [`TimedBody`]) for tests and benchmarks that
+//! drive it without a network.
 
-pub mod access_log;
-pub mod admin;
-pub mod cli;
-pub mod config;
-pub mod demo;
-pub mod error;
-pub mod forward;
-pub mod inject;
-pub mod live;
-pub mod loadgen;
-pub mod metrics;
-pub mod proxy;
-pub mod recorder;
-pub mod reload;
-pub mod request_body;
-pub mod request_model;
-pub mod route;
-pub mod rules;
-pub mod server;
-pub mod sim;
-pub mod slo;
-pub mod stream;
-pub mod timed_body;
+mod config;
+mod measure;
+mod parse;
+mod policy;
+mod proxy;
+mod publish;
+
+pub mod tools;
+
+pub use config::{
+    parse_duration, AccessLog, Config, ConfigError, Cost, LogFormat, LogPath, Route, Upstream,
+};
+pub use measure::{Meter, Recorder, TimedBody};
+pub use parse::{
+    detect, Dialect, FinishReason, FrameEvents, Framing, ModelScanner, Scan, StreamReader,
+    StreamSummary, MAX_EVENT_TYPE_BYTES,
+};
+pub use proxy::{accept, start, Overrides, Reloaded, Running, StartError};
+pub use publish::live::PAGE as LIVE_PAGE;

@@ -8,10 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use tokenmeter::cli::fail;
-use tokenmeter::config::{Config, ConfigError, Upstream};
-use tokenmeter::reload::Overrides;
-use tokenmeter::server::Running;
+use tokenmeter::tools::cli::fail;
+use tokenmeter::{Config, ConfigError, Overrides, Running, Upstream};
 
 #[derive(Parser)]
 #[command(
@@ -35,18 +33,18 @@ enum Command {
         config: PathBuf,
     },
     /// Run a simulated OpenAI-compatible inference server (continuous batching, faults).
-    Sim(tokenmeter::sim::SimConfig),
+    Sim(tokenmeter::tools::sim::SimConfig),
     /// Sweep concurrency levels or request rates against a chat endpoint and report latency,
     /// throughput, goodput and cost; --compare measures what a second endpoint adds.
     // Boxed: its many flags would otherwise make every variant of this enum as large.
-    Bench(Box<tokenmeter::loadgen::BenchArgs>),
+    Bench(Box<tokenmeter::tools::bench::BenchArgs>),
     /// Print Prometheus recording and alerting rules for the configuration's SLOs.
-    Rules(tokenmeter::rules::RulesArgs),
+    Rules(tokenmeter::tools::rules::RulesArgs),
     /// The tour: the sim, tokenmeter in front of it and a load sweep, in one process.
-    Demo(tokenmeter::demo::DemoArgs),
+    Demo(tokenmeter::tools::demo::DemoArgs),
     /// Add the tokenmeter sidecar to Kubernetes YAML on stdin (Deployments, StatefulSets and
     /// the Services selecting them) and write it to stdout.
-    Inject(tokenmeter::inject::InjectArgs),
+    Inject(tokenmeter::tools::inject::InjectArgs),
 }
 
 /// Running the proxy (the default command).
@@ -74,11 +72,11 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Some(Command::Check { config }) => check(&config),
-        Some(Command::Sim(config)) => tokenmeter::sim::main(config),
-        Some(Command::Bench(args)) => tokenmeter::loadgen::main(*args),
-        Some(Command::Rules(args)) => tokenmeter::rules::main(args),
-        Some(Command::Demo(args)) => tokenmeter::demo::main(args),
-        Some(Command::Inject(args)) => tokenmeter::inject::main(args),
+        Some(Command::Sim(config)) => tokenmeter::tools::sim::main(config),
+        Some(Command::Bench(args)) => tokenmeter::tools::bench::main(*args),
+        Some(Command::Rules(args)) => tokenmeter::tools::rules::main(args),
+        Some(Command::Demo(args)) => tokenmeter::tools::demo::main(args),
+        Some(Command::Inject(args)) => tokenmeter::tools::inject::main(args),
         None => run(cli.run),
     }
 }
@@ -124,17 +122,16 @@ fn load(args: &RunArgs) -> Result<Config, ConfigError> {
 }
 
 fn run(args: RunArgs) -> ExitCode {
-    tokenmeter::cli::init_logging();
+    tokenmeter::tools::cli::init_logging();
     let config = match load(&args) {
         Ok(config) => config,
         Err(e) => return fail(&e),
     };
-    tokenmeter::cli::block_on(async {
-        let running =
-            match tokenmeter::server::start(config, args.config.clone(), overrides(&args)).await {
-                Ok(running) => running,
-                Err(e) => return fail(&e),
-            };
+    tokenmeter::tools::cli::block_on(async {
+        let running = match tokenmeter::start(config, args.config.clone(), overrides(&args)).await {
+            Ok(running) => running,
+            Err(e) => return fail(&e),
+        };
         if let Err(e) = serve_signals(&running).await {
             return fail(&format!("cannot listen for signals: {e}"));
         }

@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use tokenmeter::loadgen::{self, report, BenchArgs, Load, MaxTokens, Target};
-use tokenmeter::sim::{self, RunningSim, SimConfig};
+use tokenmeter::tools::bench::{self, report, BenchArgs, Load, MaxTokens, Target};
+use tokenmeter::tools::sim::{self, RunningSim, SimConfig};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -56,12 +56,12 @@ async fn lone_request_ttft_matches_the_sim_model() -> TestResult {
     .await?;
     let mut a = args(&sim, &[1], 7, 4);
     a.prompt_tokens = 100;
-    let sweep = loadgen::run(&a).await;
+    let sweep = bench::run(&a).await;
     let level = &sweep.levels[0];
     assert_eq!(level.errors, 0, "{:?}", level.records);
 
     // The sim counts ceil(bytes / 4) of the message content as prompt tokens.
-    let prompt_tokens = loadgen::synthetic_prompt(100).len().div_ceil(4) as u32;
+    let prompt_tokens = bench::synthetic_prompt(100).len().div_ceil(4) as u32;
     assert_eq!(
         level.records[0].prompt_tokens,
         Some(u64::from(prompt_tokens))
@@ -81,7 +81,7 @@ async fn lone_request_ttft_matches_the_sim_model() -> TestResult {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn csv_has_the_header_and_one_row_per_request() -> TestResult {
     let sim = start(|_| {}).await?;
-    let sweep = loadgen::run(&args(&sim, &[1, 3], 5, 6)).await;
+    let sweep = bench::run(&args(&sim, &[1, 3], 5, 6)).await;
     let path = temp("rows.csv");
     report::write_csv(&path, &sweep.levels)?;
     let mut reader = csv::Reader::from_path(&path)?;
@@ -119,7 +119,7 @@ async fn sweep_names_the_batch_limit_as_saturation() -> TestResult {
     .await?;
     let mut a = args(&sim, &[1, 2, 4, 8], 8, 8);
     a.prompt_tokens = 4;
-    let sweep = loadgen::run(&a).await;
+    let sweep = bench::run(&a).await;
     let tps: Vec<f64> = sweep.levels.iter().map(|l| l.output_tokens_per_s).collect();
     for level in &sweep.levels {
         assert_eq!(level.errors, 0, "{:?}", level.records);
@@ -144,7 +144,7 @@ async fn failures_are_counted_not_fatal() -> TestResult {
     let sim = start(|c| c.fail_rate = 1.0).await?;
     let mut a = args(&sim, &[1, 2], 4, 4);
     a.slo_ttft = Some(Duration::from_secs(5));
-    let sweep = loadgen::run(&a).await;
+    let sweep = bench::run(&a).await;
     assert_eq!(sweep.levels.len(), 2, "every level ran");
     for level in &sweep.levels {
         assert_eq!(level.records.len(), 4);
@@ -177,7 +177,7 @@ async fn open_loop_sends_on_the_seeded_poisson_schedule() -> TestResult {
     let mut a = args(&sim, &[1], 200, 2);
     a.rate = vec![50.0];
     a.seed = 7;
-    let sweep = loadgen::run_with(&a, &loadgen::progress::Silent).await;
+    let sweep = bench::run_with(&a, &bench::progress::Silent).await;
     let level = &sweep.levels[0];
     assert_eq!(level.load, Load::Rate(50.0));
     assert_eq!(level.errors, 0, "{:?}", level.records);
@@ -187,7 +187,7 @@ async fn open_loop_sends_on_the_seeded_poisson_schedule() -> TestResult {
     );
 
     // The schedule the seed gives: request i is due at the sum of the first i + 1 gaps.
-    let mut arrivals = loadgen::workload::Arrivals::new(50.0, 7);
+    let mut arrivals = bench::workload::Arrivals::new(50.0, 7);
     let mut due = Duration::ZERO;
     for r in &level.records {
         due += arrivals.gap();
@@ -218,7 +218,7 @@ async fn open_loop_names_the_rate_the_sim_cannot_serve() -> TestResult {
     let mut a = args(&sim, &[1], 40, 8);
     a.prompt_tokens = 4;
     a.rate = vec![3.0, 6.0, 12.0, 48.0];
-    let sweep = loadgen::run_with(&a, &loadgen::progress::Silent).await;
+    let sweep = bench::run_with(&a, &bench::progress::Silent).await;
     let tps: Vec<f64> = sweep.levels.iter().map(|l| l.output_tokens_per_s).collect();
     // A full batch of two takes 14 ms a step for two tokens: at most ~143 tokens/s, ~18
     // requests/s of 8 tokens. Up to 12/s the served tokens/s follows the offered rate; at 48/s
@@ -237,7 +237,7 @@ async fn max_in_flight_holds_arrivals_back_and_says_so() -> TestResult {
     let mut a = args(&sim, &[1], 20, 4);
     a.rate = vec![1000.0];
     a.max_in_flight = 2;
-    let sweep = loadgen::run_with(&a, &loadgen::progress::Silent).await;
+    let sweep = bench::run_with(&a, &bench::progress::Silent).await;
     let level = &sweep.levels[0];
     assert_eq!(level.records.len(), 20);
     assert!(level.records.iter().all(|r| r.concurrency <= 2));
@@ -265,7 +265,7 @@ async fn prompts_file_lines_go_in_order_and_cycle() -> TestResult {
     )?;
     let mut a = args(&sim, &[2], 6, 5);
     a.prompts = Some(path.clone());
-    let sweep = loadgen::run_with(&a, &loadgen::progress::Silent).await;
+    let sweep = bench::run_with(&a, &bench::progress::Silent).await;
     std::fs::remove_file(&path)?;
     let level = &sweep.levels[0];
     assert_eq!(level.errors, 0, "{:?}", level.records);
@@ -328,7 +328,7 @@ async fn drawn_max_tokens_are_seeded_and_honoured() -> TestResult {
     let sim = start(|_| {}).await?;
     let mut a = args(&sim, &[1, 3], 12, 1);
     a.max_tokens = "uniform:2-12".parse()?;
-    let sweep = loadgen::run_with(&a, &loadgen::progress::Silent).await;
+    let sweep = bench::run_with(&a, &bench::progress::Silent).await;
     let asked =
         |l: &report::LevelReport| l.records.iter().map(|r| r.max_tokens).collect::<Vec<_>>();
     for level in &sweep.levels {
@@ -361,7 +361,7 @@ async fn cost_is_the_hourly_price_over_what_the_hour_serves() -> TestResult {
     let mut a = args(&sim, &[1, 2], 6, 8);
     a.cost_per_hour = Some(3.6);
     a.currency = "EUR".into();
-    let sweep = loadgen::run_with(&a, &loadgen::progress::Silent).await;
+    let sweep = bench::run_with(&a, &bench::progress::Silent).await;
     let price = a.cost().ok_or("a price was given")?;
     for level in &sweep.levels {
         let (per_request, per_million) = level.cost(&price).ok_or("something was served")?;
@@ -379,9 +379,9 @@ async fn cost_is_the_hourly_price_over_what_the_hour_serves() -> TestResult {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plot_draws_the_curves_into_an_svg() -> TestResult {
     let sim = start(|_| {}).await?;
-    let sweep = loadgen::run_with(&args(&sim, &[1, 2, 4], 4, 4), &loadgen::progress::Silent).await;
+    let sweep = bench::run_with(&args(&sim, &[1, 2, 4], 4, 4), &bench::progress::Silent).await;
     let path = temp("curve.svg");
-    loadgen::plot::write_svg(&path, &sweep)?;
+    bench::plot::write_svg(&path, &sweep)?;
     let svg = std::fs::read_to_string(&path)?;
     std::fs::remove_file(&path)?;
     assert!(
@@ -410,14 +410,14 @@ struct Recording {
     done: AtomicU32,
 }
 
-impl loadgen::Progress for Recording {
+impl bench::Progress for Recording {
     fn level_started(&self, label: &str, total: u32) {
         self.calls
             .lock()
             .expect("lock")
             .push(format!("start {label} {total}"));
     }
-    fn request_done(&self, _: &loadgen::Record) {
+    fn request_done(&self, _: &bench::Record) {
         self.done.fetch_add(1, Ordering::Relaxed);
     }
     fn level_finished(&self, report: &report::LevelReport) {
@@ -434,7 +434,7 @@ impl loadgen::Progress for Recording {
 async fn progress_hears_every_level_and_request() -> TestResult {
     let sim = start(|_| {}).await?;
     let progress = Recording::default();
-    loadgen::run_with(&args(&sim, &[1, 3], 5, 2), &progress).await;
+    bench::run_with(&args(&sim, &[1, 3], 5, 2), &progress).await;
     let calls = progress.calls.lock().map_err(|_| "poisoned")?.clone();
     assert_eq!(
         calls,
@@ -454,9 +454,9 @@ async fn level_duration_stops_new_requests_and_lets_the_rest_finish() -> TestRes
     let limit = Duration::from_millis(300);
     let mut a = args(&sim, &[2], 100_000, 4);
     a.level_duration = Some(limit);
-    let closed = loadgen::run_with(&a, &loadgen::progress::Silent).await;
+    let closed = bench::run_with(&a, &bench::progress::Silent).await;
     a.rate = vec![100.0];
-    let open = loadgen::run_with(&a, &loadgen::progress::Silent).await;
+    let open = bench::run_with(&a, &bench::progress::Silent).await;
     for level in closed.levels.iter().chain(&open.levels) {
         // A request here takes about 50 ms: in 300 ms a handful, never the 100,000 asked.
         assert!(
@@ -482,8 +482,8 @@ async fn compare_reports_the_added_prefill_of_b() -> TestResult {
     let sim_a = start(|_| {}).await?;
     let sim_b = start(|c| c.prefill_base = Duration::from_millis(21)).await?;
     let mut a = args(&sim_a, &[1, 4], 20, 4);
-    a.compare = Some(loadgen::chat_url(&format!("http://{}", sim_b.addr))?);
-    let sweep = loadgen::run_with(&a, &loadgen::progress::Silent).await;
+    a.compare = Some(bench::chat_url(&format!("http://{}", sim_b.addr))?);
+    let sweep = bench::run_with(&a, &bench::progress::Silent).await;
     assert_eq!(sweep.compared.len(), 2);
     for (la, lb) in sweep.levels.iter().zip(&sweep.compared) {
         assert_eq!((la.target, lb.target), (Target::A, Target::B));

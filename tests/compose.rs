@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_yaml::Value;
-use tokenmeter::config::Config;
+use tokenmeter::Config;
 
 fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -178,7 +178,7 @@ fn the_slow_override_keeps_the_sim_where_tokenmeter_looks_for_it() {
     let config = Config::load(&repo().join("config/tokenmeter.yaml")).unwrap();
     let chat = config.routes.iter().find(|r| r.name == "chat").unwrap();
     let tpot = chat.slo.as_ref().and_then(|s| s.tpot).unwrap();
-    assert!(tokenmeter::config::parse_duration(&step).unwrap() > tpot);
+    assert!(tokenmeter::parse_duration(&step).unwrap() > tpot);
     assert_flags_parse(&args);
 }
 

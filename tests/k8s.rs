@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use serde_yaml::Value;
-use tokenmeter::config::Config;
+use tokenmeter::Config;
 
 const OLDEST: (u32, u32) = (1, 30);
 

@@ -371,7 +371,7 @@ async fn the_page_says_when_stats_cannot_be_reached() {
     chromium();
     let dir = TempDir::new();
     let page = dir.path().join("live.html");
-    std::fs::write(&page, tokenmeter::live::PAGE).unwrap();
+    std::fs::write(&page, tokenmeter::LIVE_PAGE).unwrap();
     let url = format!("file://{}", Path::new(&page).display());
     let dom = tokio::task::spawn_blocking(move || rendered_dom(&url))
         .await

@@ -8,9 +8,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::*;
-use tokenmeter::config::Config;
-use tokenmeter::reload::Reloaded;
-use tokenmeter::server::{self, Running};
+use tokenmeter::Config;
+use tokenmeter::Reloaded;
+use tokenmeter::Running;
 
 const CHAT: &str = "/v1/chat/completions";
 
@@ -24,13 +24,13 @@ fn config_text(upstream: std::net::SocketAddr, records: &Path, routes: &str) -> 
 
 async fn start(path: &Path) -> Running {
     let config = Config::load(path).unwrap();
-    server::start(config, Some(path.to_path_buf()), Default::default())
+    tokenmeter::start(config, Some(path.to_path_buf()), Default::default())
         .await
         .unwrap()
 }
 
 fn metrics(running: &Running) -> String {
-    String::from_utf8(running.generations.metrics().render()).unwrap()
+    running.metrics_text()
 }
 
 /// Waits until the metrics show `needle`, for changes the watcher makes on its own.
@@ -77,12 +77,12 @@ async fn a_valid_file_is_swapped_in_and_an_invalid_one_refused() {
         ),
     )
     .unwrap();
-    assert_eq!(running.generations.reload().unwrap(), Reloaded::Swapped);
+    assert_eq!(running.reload_config().unwrap(), Reloaded::Swapped);
     send(&url, "POST", &chat_request("m"), &[], false).await;
 
     // Not YAML: refused, and the second configuration keeps serving.
     std::fs::write(&path, "routes: [\n").unwrap();
-    let error = running.generations.reload().unwrap_err().to_string();
+    let error = running.reload_config().unwrap_err().to_string();
     assert!(error.contains("tm.yaml"), "{error}");
     send(&url, "POST", &chat_request("m"), &[], false).await;
 
@@ -129,7 +129,7 @@ async fn requests_in_flight_keep_the_slo_they_started_with() {
     wait_for_metric(&running, "tokenmeter_in_flight_requests{route=\"chat\"} 1").await;
     let strict = "  - name: chat\n    match: {path_prefix: /v1/}\n    slo: {ttft: 10ms}\n";
     std::fs::write(&path, config_text(upstream.addr, &records, strict)).unwrap();
-    assert_eq!(running.generations.reload().unwrap(), Reloaded::Swapped);
+    assert_eq!(running.reload_config().unwrap(), Reloaded::Swapped);
     slow.await.unwrap();
     let r = &wait_for_records(&records, 1).await[0];
     assert!(r["ttft_ms"].as_f64().unwrap() > 10.0);
@@ -200,7 +200,7 @@ async fn a_configmap_symlink_swap_is_noticed() {
         "tokenmeter_config_reloads_total{result=\"error\"} 1",
     )
     .await;
-    assert_eq!(running.generations.config().routes[0].name, "after");
+    assert_eq!(running.config().routes[0].name, "after");
 }
 
 /// The listen address cannot move without a restart: a reload keeps serving where it was.
@@ -211,12 +211,12 @@ async fn a_new_listen_address_waits_for_a_restart() {
     let (path, records) = (dir.path().join("tm.yaml"), dir.path().join("records.jsonl"));
     std::fs::write(&path, config_text(upstream.addr, &records, "  - name: a\n")).unwrap();
     let running = start(&path).await;
-    let before = running.generations.config().listen;
+    let before = running.config().listen;
     let moved = config_text(upstream.addr, &records, "  - name: b\n")
         .replace("listen: 127.0.0.1:0", "listen: 127.0.0.1:1");
     std::fs::write(&path, moved).unwrap();
-    assert_eq!(running.generations.reload().unwrap(), Reloaded::Swapped);
-    let after = running.generations.config();
+    assert_eq!(running.reload_config().unwrap(), Reloaded::Swapped);
+    let after = running.config();
     assert_eq!(after.listen, before);
     assert_eq!(after.routes[0].name, "b");
     let got = send(

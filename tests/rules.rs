@@ -19,9 +19,9 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use common::TempDir;
-use tokenmeter::config::Config;
-use tokenmeter::rules::{self, Format, Options};
-use tokenmeter::sim::{self, SimConfig};
+use tokenmeter::tools::rules::{self, Format, Options};
+use tokenmeter::tools::sim::{self, SimConfig};
+use tokenmeter::Config;
 
 fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)

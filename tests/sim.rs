@@ -12,8 +12,8 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
-use tokenmeter::sim::engine::{self, Event, Job, Timing};
-use tokenmeter::sim::{self, RunningSim, SimConfig};
+use tokenmeter::tools::sim::engine::{self, Event, Job, Timing};
+use tokenmeter::tools::sim::{self, RunningSim, SimConfig};
 
 /// A sim on port 0 with fast timings, changed by `tweak`.
 async fn start(tweak: impl FnOnce(&mut SimConfig)) -> RunningSim {

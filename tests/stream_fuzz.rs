@@ -27,11 +27,11 @@ use http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use http_body::{Body, Frame};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
-use tokenmeter::recorder::{Recorder, Shared};
-use tokenmeter::stream::{
+use tokenmeter::TimedBody;
+use tokenmeter::{
     Dialect, FrameEvents, Framing, StreamReader, StreamSummary, MAX_EVENT_TYPE_BYTES,
 };
-use tokenmeter::timed_body::TimedBody;
+use tokenmeter::{Meter, Recorder};
 
 /// Cases per property when `PROPTEST_CASES` is not set.
 const DEFAULT_CASES: u32 = 5000;
@@ -495,27 +495,14 @@ impl Wake for Never {
     fn wake(self: Arc<Self>) {}
 }
 
-/// One `Shared` per limit, built once: metrics registries are not free, and the cases only add
+/// One `Meter` per limit, built once: metrics registries are not free, and the cases only add
 /// to their counters.
-fn shared(limit: usize) -> Arc<Shared> {
-    static ALL: OnceLock<Vec<Arc<Shared>>> = OnceLock::new();
+fn meter(limit: usize) -> Arc<Meter> {
+    static ALL: OnceLock<Vec<Arc<Meter>>> = OnceLock::new();
     let all = ALL.get_or_init(|| {
         LIMITS
             .iter()
-            .map(|&max_event_bytes| {
-                let config = tokenmeter::config::Config::default();
-                Arc::new(Shared {
-                    router: tokenmeter::route::Router::new(&[]),
-                    metrics: Arc::new(tokenmeter::metrics::Metrics::new(&config)),
-                    access_log: None,
-                    forwarder: Arc::new(tokenmeter::forward::Forwarder::new(
-                        &config.upstream,
-                        &config.timeouts,
-                    )),
-                    live: Default::default(),
-                    max_event_bytes,
-                })
-            })
+            .map(|&max_event_bytes| Arc::new(Meter::detached(max_event_bytes)))
             .collect()
     });
     all[limit].clone()
@@ -533,7 +520,7 @@ fn forward(
     ending: Ending,
 ) -> Vec<Bytes> {
     let uri: Uri = path.parse().expect("the paths are valid");
-    let mut recorder = Recorder::start(shared(limit), &Method::POST, &uri, &HeaderMap::new());
+    let mut recorder = Recorder::start(meter(limit), &Method::POST, &uri, &HeaderMap::new());
     let mut headers = HeaderMap::new();
     if let Some(ct) = content_type {
         headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static(ct));

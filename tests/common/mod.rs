@@ -20,8 +20,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, Mutex};
 use tokio::time::{timeout, Instant};
 
-use tokenmeter::config::{AccessLog, Config, LogFormat, LogPath, Upstream};
-use tokenmeter::server::{self, Running};
+use tokenmeter::Running;
+use tokenmeter::{AccessLog, Config, LogFormat, LogPath, Upstream};
 
 /// One step of a scripted response.
 #[derive(Clone, Debug)]
@@ -345,7 +345,7 @@ impl TestProxy {
     }
 
     pub fn metrics(&self) -> String {
-        String::from_utf8(self.running.generations.metrics().render()).unwrap()
+        self.running.metrics_text()
     }
 }
 
@@ -364,7 +364,7 @@ pub async fn proxy(upstream: SocketAddr, tweak: impl FnOnce(&mut Config)) -> Tes
         ..Config::default()
     };
     tweak(&mut config);
-    let running = server::start(config, None, Default::default())
+    let running = tokenmeter::start(config, None, Default::default())
         .await
         .unwrap();
     TestProxy {
@@ -577,6 +577,6 @@ pub async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
 }
 
 /// Routes from a YAML `routes:` document, checked like a config file.
-pub fn routes(yaml: &str) -> Vec<tokenmeter::config::Route> {
+pub fn routes(yaml: &str) -> Vec<tokenmeter::Route> {
     Config::parse(yaml, "routes.yaml").unwrap().routes
 }

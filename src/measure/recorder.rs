@@ -1,0 +1,642 @@
+//! One request's measurement, from the complete request head to its single `finish`.
+//!
+//! A [`Recorder`] is created when the proxy has read a request head (`t_start`), learns the
+//! response head, is shown every response frame as it is handed to the client, and finishes
+//! exactly once, whatever ends the request: the body's end, an upstream failure, a generated
+//! error response, or being dropped because the client went away. `finish` is the one place
+//! where a request is published: figures computed, histograms observed, outcome counted and the
+//! per-request record written. Definitions are those of `docs/MEASUREMENT.md`.
+//!
+//! The request's state lives in an `Option` that `finish` takes (as linkerd2-proxy's
+//! `record_response.rs` does): after it, every call is a no-op, so nothing can touch a request
+//! that has been published, the in-flight gauge included.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, StatusCode};
+use tokio::time::Instant;
+
+use super::meter::Meter;
+use super::model_slot::ModelSlot;
+use crate::parse::{self, Dialect, FrameEvents, Framing, StreamReader};
+use crate::policy::outcome::{End, Figures, Outcome};
+use crate::policy::route::{Candidates, RouteInfo};
+use crate::policy::slo::{self, Verdict};
+use crate::publish::live::{self, GapSketch};
+use crate::publish::metrics::{InFlight, RequestMetrics};
+use crate::publish::record::Record;
+
+/// The longest `x-request-id` copied into the record; longer ones are cut.
+const MAX_REQUEST_ID: usize = 128;
+
+/// One request, from its head to its single `finish`.
+pub struct Recorder {
+    /// Where the request-body scanner puts the model; shared with the body, so it outlives
+    /// the state.
+    model: ModelSlot,
+    /// `None` once finished.
+    state: Option<Active>,
+}
+
+/// A request that has not finished yet.
+struct Active {
+    meter: Arc<Meter>,
+    /// The routes still possible after the head, until the route is decided.
+    candidates: Candidates,
+    route: Option<Arc<RouteInfo>>,
+    t_start: Instant,
+    wall_start: SystemTime,
+    method: Method,
+    path: Box<str>,
+    request_id: Option<Box<str>>,
+    model: ModelSlot,
+    /// Taken when the route is decided, released at finish, so a stream counts as in flight
+    /// until it ends.
+    in_flight: Option<InFlight>,
+    in_flight_at_start: i64,
+
+    status: Option<StatusCode>,
+    handles: Option<RequestMetrics>,
+    reader: Option<StreamReader>,
+    t_first_byte: Option<Instant>,
+    t_first_token: Option<Instant>,
+    t_first_content: Option<Instant>,
+    t_last_token: Option<Instant>,
+    max_itl: Option<Duration>,
+    /// Every inter-token gap, for the live view's ITL percentiles; merged once at finish.
+    itl: GapSketch,
+    bytes: u64,
+}
+
+impl Recorder {
+    /// Starts measuring a request whose head has just been read.
+    pub fn start(meter: Arc<Meter>, method: &Method, uri: &http::Uri, headers: &HeaderMap) -> Self {
+        let t_start = Instant::now();
+        let candidates = meter.router.candidates(method, uri, headers);
+        let request_id = headers
+            .get("x-request-id")
+            .and_then(|v| v.to_str().ok())
+            .map(|v| {
+                v.chars()
+                    .take(MAX_REQUEST_ID)
+                    .collect::<String>()
+                    .into_boxed_str()
+            });
+        let model = ModelSlot::default();
+        let mut active = Active {
+            meter,
+            candidates,
+            route: None,
+            t_start,
+            wall_start: SystemTime::now(),
+            method: method.clone(),
+            // The query string is left out: it may carry keys or user data.
+            path: uri.path().into(),
+            request_id,
+            model: model.clone(),
+            in_flight: None,
+            in_flight_at_start: 0,
+            status: None,
+            handles: None,
+            reader: None,
+            t_first_byte: None,
+            t_first_token: None,
+            t_first_content: None,
+            t_last_token: None,
+            max_itl: None,
+            itl: GapSketch::default(),
+            bytes: 0,
+        };
+        if let Some(route) = active.meter.router.decided(&active.candidates) {
+            active.take_route(route);
+        }
+        Recorder {
+            model,
+            state: Some(active),
+        }
+    }
+
+    /// Whether the route still waits for the request's model.
+    pub(crate) fn route_pending(&self) -> bool {
+        self.state.as_ref().is_some_and(|s| s.route.is_none())
+    }
+
+    /// Decides the route from what is known now (the model, if read) unless already decided,
+    /// and counts the request in flight on it.
+    pub(crate) fn resolve_route(&mut self) {
+        if let Some(state) = self.state.as_mut() {
+            state.route();
+        }
+    }
+
+    /// Where the request-body scanner puts the model it finds.
+    pub(crate) fn model_slot(&self) -> ModelSlot {
+        self.model.clone()
+    }
+
+    /// The response head arrived: choose how to read the body and resolve the metric handles.
+    pub fn on_head(&mut self, status: StatusCode, headers: &HeaderMap) {
+        if let Some(state) = self.state.as_mut() {
+            state.on_head(status, headers);
+        }
+    }
+
+    /// A data frame is being handed to the client at `now`.
+    pub fn on_data(&mut self, data: &Bytes, now: Instant) {
+        if let Some(state) = self.state.as_mut() {
+            state.on_data(data, now);
+        }
+    }
+
+    /// Ends the request and publishes it; only the first call counts.
+    pub(crate) fn finish(&mut self, end: End, now: Instant) {
+        if let Some(state) = self.state.take() {
+            state.finish(end, now);
+        }
+    }
+
+    /// Whether the request has been published.
+    #[cfg(test)]
+    pub(crate) fn is_finished(&self) -> bool {
+        self.state.is_none()
+    }
+}
+
+impl Drop for Recorder {
+    /// A request dropped before it finished was abandoned by its client.
+    fn drop(&mut self) {
+        self.finish(End::Cancelled, Instant::now());
+    }
+}
+
+impl Active {
+    fn take_route(&mut self, route: Arc<RouteInfo>) {
+        let in_flight = self.meter.metrics.in_flight(&route.name);
+        self.in_flight_at_start = in_flight.current();
+        self.in_flight = Some(in_flight);
+        self.route = Some(route);
+    }
+
+    /// The request's route, decided now from what is known if it was still pending.
+    fn route(&mut self) -> Arc<RouteInfo> {
+        if let Some(route) = &self.route {
+            return route.clone();
+        }
+        let route = self
+            .meter
+            .router
+            .with_model(&self.candidates, self.model.get());
+        self.take_route(route.clone());
+        route
+    }
+
+    fn on_head(&mut self, status: StatusCode, headers: &HeaderMap) {
+        let pinned = self.route().dialect;
+        self.status = Some(status);
+        let header = |name| {
+            headers
+                .get(name)
+                .and_then(|v: &http::HeaderValue| v.to_str().ok())
+        };
+        let (framing, dialect) = parse::detect(
+            &self.path,
+            header(http::header::CONTENT_TYPE),
+            header(http::header::CONTENT_ENCODING),
+            pinned,
+        );
+        if status.is_success() && framing != Framing::Opaque && dialect != Dialect::Unknown {
+            self.reader = Some(StreamReader::new(
+                framing,
+                dialect,
+                self.meter.max_event_bytes,
+            ));
+        }
+        self.resolve_handles();
+    }
+
+    fn resolve_handles(&mut self) -> &RequestMetrics {
+        if self.handles.is_none() {
+            let route = self.route().name.clone();
+            let handles = self.meter.metrics.request(route, self.model.get());
+            self.handles = Some(handles);
+        }
+        self.handles.as_ref().expect("set above")
+    }
+
+    fn on_data(&mut self, data: &Bytes, now: Instant) {
+        if data.is_empty() {
+            return;
+        }
+        self.bytes += data.len() as u64;
+        if self.t_first_byte.is_none() {
+            self.t_first_byte = Some(now);
+        }
+        if let Some(reader) = self.reader.as_mut() {
+            let events = reader.feed(data);
+            self.account(events, now);
+        }
+    }
+
+    /// Output-bearing events handed on at `now`: the first starts TTFT, each one after it is
+    /// an inter-token gap. Events that reach the client in the same frame arrive together, so
+    /// the gaps between them are zero.
+    fn account(&mut self, events: FrameEvents, now: Instant) {
+        if events.output_events == 0 {
+            return;
+        }
+        let gap = match self.t_last_token {
+            Some(last) => Some(now.saturating_duration_since(last)),
+            None => {
+                self.t_first_token = Some(now);
+                None
+            }
+        };
+        let zero_gaps = events.output_events - 1;
+        if gap.is_some() || zero_gaps > 0 {
+            if let Some(gap) = gap {
+                self.itl.add(gap);
+            }
+            self.itl.add_zeros(zero_gaps);
+            let itl = &self.resolve_handles().itl;
+            if let Some(gap) = gap {
+                itl.observe(gap.as_secs_f64());
+            }
+            for _ in 0..zero_gaps {
+                itl.observe(0.0);
+            }
+            let largest = gap.unwrap_or(Duration::ZERO);
+            self.max_itl = Some(self.max_itl.map_or(largest, |m| m.max(largest)));
+        }
+        self.t_last_token = Some(now);
+        if events.content && self.t_first_content.is_none() {
+            self.t_first_content = Some(now);
+        }
+    }
+
+    /// Publishes the request, consuming what is left of it. A route still pending is decided
+    /// here without counting the request in flight: it is no longer in flight.
+    fn finish(mut self, end: End, now: Instant) {
+        if self.route.is_none() {
+            self.route = Some(
+                self.meter
+                    .router
+                    .with_model(&self.candidates, self.model.get()),
+            );
+        }
+        drop(self.in_flight.take());
+        if let End::Failed(status) = end {
+            self.status = Some(status);
+        }
+        if end == End::Complete {
+            if let Some(reader) = self.reader.as_mut() {
+                let events = reader.finish();
+                self.account(events, now);
+            }
+        }
+        let figures = self.figures(end, now);
+        self.publish(&figures);
+    }
+
+    /// Computes the request's figures as `docs/MEASUREMENT.md` defines them.
+    fn figures(&self, end: End, now: Instant) -> Figures {
+        let since = |t: Option<Instant>| t.map(|t| t.saturating_duration_since(self.t_start));
+        let summary = self.reader.as_ref().map(StreamReader::summary);
+        let outcome = match (end, self.status) {
+            (End::Cancelled, _) => Outcome::Cancelled,
+            (End::Failed(_) | End::UpstreamBroken, _) => Outcome::Error,
+            (End::Complete, Some(s))
+                if s.is_server_error() || s == StatusCode::TOO_MANY_REQUESTS =>
+            {
+                Outcome::Error
+            }
+            (End::Complete, Some(s)) if s.is_client_error() => Outcome::ClientError,
+            (End::Complete, _) => match summary {
+                Some(s) if s.error => Outcome::Error,
+                Some(s)
+                    if self
+                        .reader
+                        .as_ref()
+                        .is_some_and(StreamReader::expects_end_marker)
+                        && !s.end_marker =>
+                {
+                    Outcome::Error
+                }
+                _ => Outcome::Ok,
+            },
+        };
+        let usage_tokens = summary.and_then(|s| s.usage_output_tokens);
+        let output_tokens = usage_tokens.unwrap_or_else(|| summary.map_or(0, |s| s.output_events));
+        let tpot = match (self.t_first_token, self.t_last_token) {
+            (Some(first), Some(last)) if output_tokens >= 2 => Some(
+                last.saturating_duration_since(first)
+                    / (output_tokens - 1).min(u32::MAX as u64) as u32,
+            ),
+            _ => None,
+        };
+        Figures {
+            outcome,
+            ttfb: since(self.t_first_byte),
+            ttft: since(self.t_first_token),
+            ttfc: since(self.t_first_content),
+            tpot,
+            max_itl: self.max_itl,
+            e2e: now.saturating_duration_since(self.t_start),
+            output_tokens,
+            tokens_from_usage: usage_tokens.is_some(),
+            prompt_tokens: summary.and_then(|s| s.usage_prompt_tokens),
+        }
+    }
+
+    fn publish(&mut self, f: &Figures) {
+        let meter = self.meter.clone();
+        let route = self.route();
+        let finish_reason = self
+            .reader
+            .as_ref()
+            .and_then(|r| r.summary().finish_reason)
+            .map(|r| r.as_str());
+        let h = self.resolve_handles();
+        let secs = |d: Duration| d.as_secs_f64();
+        if let Some(d) = f.ttfb {
+            h.ttfb.observe(secs(d));
+        }
+        if let Some(d) = f.ttft {
+            h.ttft.observe(secs(d));
+        }
+        if let Some(d) = f.ttfc {
+            h.ttfc.observe(secs(d));
+        }
+        if let Some(d) = f.tpot {
+            h.tpot.observe(secs(d));
+        }
+        h.duration.observe(secs(f.e2e));
+        if f.ttft.is_some() || f.output_tokens > 0 {
+            h.output_tokens.observe(f.output_tokens as f64);
+        }
+        h.output_tokens_total.inc_by(f.output_tokens);
+        if let Some(p) = f.prompt_tokens {
+            h.prompt_tokens_total.inc_by(p);
+        }
+        meter
+            .metrics
+            .count_request(&h.route, &h.model, f.outcome.as_str());
+        if let Some(reason) = finish_reason {
+            meter.metrics.count_finish_reason(&h.route, reason);
+        }
+        let verdict = route.slo.as_ref().map(|slo| slo::judge(slo, f));
+        meter.live.record(
+            self.t_start + f.e2e,
+            &route.name,
+            &live::Sample {
+                outcome: f.outcome,
+                verdict: verdict.as_ref(),
+                prompt_tokens: f.prompt_tokens,
+                output_tokens: f.output_tokens,
+                ttft: f.ttft,
+                tpot: f.tpot,
+                e2e: f.e2e,
+                itl: &self.itl,
+            },
+        );
+        let h = self.resolve_handles();
+        match &verdict {
+            Some(Verdict::Good) => {
+                h.slo_eligible.inc();
+                h.slo_good.inc();
+                h.slo_good_output_tokens.inc_by(f.output_tokens);
+            }
+            Some(Verdict::Violated(criteria)) => {
+                h.slo_eligible.inc();
+                for c in criteria {
+                    meter.metrics.count_violation(&h.route, &h.model, *c);
+                }
+            }
+            Some(Verdict::Excluded) | None => {}
+        }
+        if let Some(log) = &meter.access_log {
+            log.send(self.record(f, finish_reason, verdict.as_ref()));
+        }
+    }
+
+    fn record(
+        &self,
+        f: &Figures,
+        finish_reason: Option<&'static str>,
+        verdict: Option<&Verdict>,
+    ) -> Record {
+        let ms = |d: Duration| (d.as_secs_f64() * 1e6).round() / 1e3;
+        Record {
+            ts: humantime::format_rfc3339_millis(self.wall_start).to_string(),
+            request_id: self.request_id.as_deref().map(str::to_owned),
+            route: self
+                .route
+                .as_ref()
+                .map_or_else(String::new, |r| r.name.to_string()),
+            model: self.model.get().map(str::to_owned),
+            method: self.method.to_string(),
+            path: self.path.to_string(),
+            status: self.status.map(|s| s.as_u16()),
+            outcome: f.outcome.as_str(),
+            slo: verdict.map(Verdict::as_str),
+            violated: match verdict {
+                Some(Verdict::Violated(criteria)) => criteria.iter().map(|c| c.as_str()).collect(),
+                _ => Vec::new(),
+            },
+            finish_reason,
+            prompt_tokens: f.prompt_tokens,
+            output_tokens: f.output_tokens,
+            token_source: if f.tokens_from_usage {
+                "usage"
+            } else {
+                "events"
+            },
+            events: self.reader.as_ref().map_or(0, |r| r.summary().events),
+            ttfb_ms: f.ttfb.map(ms),
+            ttft_ms: f.ttft.map(ms),
+            ttfc_ms: f.ttfc.map(ms),
+            tpot_ms: f.tpot.map(ms),
+            max_itl_ms: f.max_itl.map(ms),
+            e2e_ms: ms(f.e2e),
+            in_flight: self.in_flight_at_start,
+            bytes: self.bytes,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The recorder alone, on paused time: one finish whatever ends a request, nothing after it.
+
+    use std::time::Duration;
+
+    use http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
+
+    use super::*;
+    use crate::config::Config;
+    use crate::publish::record::{Record, RecordSink};
+
+    /// A meter with `routes` (YAML), recording into a channel.
+    fn meter(routes: &str) -> (Arc<Meter>, std::sync::mpsc::Receiver<Record>) {
+        let config = Config::parse(routes, "test.yaml").expect("the test config is valid");
+        let mut meter = Meter::detached(1 << 20);
+        meter.router = crate::policy::route::Router::new(&config.routes);
+        let (sink, records) = RecordSink::channel(8, meter.metrics.access_log_dropped.clone());
+        meter.access_log = Some(sink);
+        (Arc::new(meter), records)
+    }
+
+    fn start(meter: &Arc<Meter>) -> Recorder {
+        let uri: Uri = "/v1/chat/completions".parse().unwrap();
+        Recorder::start(meter.clone(), &Method::POST, &uri, &HeaderMap::new())
+    }
+
+    fn sse_head() -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "content-type",
+            HeaderValue::from_static("text/event-stream"),
+        );
+        headers
+    }
+
+    fn chunk(text: &str) -> Bytes {
+        Bytes::from(format!(
+            "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{text}\"}}}}]}}\n\n"
+        ))
+    }
+
+    /// Every `tokenmeter_requests_total` sample added up: how many times requests were published.
+    fn requests_counted(meter: &Meter) -> u64 {
+        String::from_utf8(meter.metrics.render())
+            .unwrap()
+            .lines()
+            .filter(|l| l.starts_with("tokenmeter_requests_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    }
+
+    fn gauge(meter: &Meter, route: &str) -> i64 {
+        meter.metrics.in_flight_now(route)
+    }
+
+    const MODEL_ROUTE: &str = "routes:\n  - name: llama\n    match: {model: \"llama*\"}\n";
+
+    /// Regression: a request finished while its route still waited for the model must not be
+    /// counted in flight again by the finish itself (it used to raise the gauge after finishing).
+    #[tokio::test(start_paused = true)]
+    async fn finishing_with_the_route_pending_leaves_nothing_in_flight() {
+        let (meter, records) = meter(MODEL_ROUTE);
+        let mut recorder = start(&meter);
+        assert!(recorder.route_pending());
+        recorder.model_slot().decide(Some("llama-3"));
+        recorder.finish(End::Failed(StatusCode::BAD_GATEWAY), Instant::now());
+        assert_eq!(gauge(&meter, "llama"), 0);
+        let record = records
+            .recv_timeout(Duration::from_secs(5))
+            .expect("one record");
+        assert_eq!(record.route, "llama");
+        assert_eq!(record.outcome, "error");
+        assert_eq!(record.status, Some(502));
+        drop(recorder);
+        assert_eq!(gauge(&meter, "llama"), 0);
+        assert_eq!(requests_counted(&meter), 1, "published once");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_decided_route_counts_in_flight_until_finish() {
+        let (meter, records) = meter(MODEL_ROUTE);
+        let mut recorder = start(&meter);
+        recorder.model_slot().decide(Some("llama-3"));
+        recorder.resolve_route();
+        assert!(!recorder.route_pending());
+        assert_eq!(gauge(&meter, "llama"), 1);
+        recorder.on_head(StatusCode::OK, &sse_head());
+        recorder.on_data(&chunk("a"), Instant::now());
+        recorder.finish(End::Complete, Instant::now());
+        assert_eq!(gauge(&meter, "llama"), 0);
+        let record = records
+            .recv_timeout(Duration::from_secs(5))
+            .expect("one record");
+        assert_eq!(record.in_flight, 1);
+        assert_eq!(record.model.as_deref(), Some("llama-3"));
+    }
+
+    /// Nothing reaches a request after its finish: frames, heads and a second finish are ignored.
+    #[tokio::test(start_paused = true)]
+    async fn nothing_touches_a_finished_request() {
+        let (meter, records) = meter("");
+        let mut recorder = start(&meter);
+        recorder.on_head(StatusCode::OK, &sse_head());
+        tokio::time::advance(Duration::from_millis(100)).await;
+        recorder.on_data(&chunk("a"), Instant::now());
+        tokio::time::advance(Duration::from_millis(50)).await;
+        recorder.finish(End::Cancelled, Instant::now());
+        assert!(recorder.is_finished());
+        tokio::time::advance(Duration::from_millis(50)).await;
+        recorder.on_data(&chunk("b"), Instant::now());
+        recorder.on_head(StatusCode::INTERNAL_SERVER_ERROR, &sse_head());
+        recorder.finish(End::Complete, Instant::now());
+        drop(recorder);
+        let record = records
+            .recv_timeout(Duration::from_secs(5))
+            .expect("one record");
+        assert_eq!(requests_counted(&meter), 1, "published once");
+        assert_eq!(record.outcome, "cancelled");
+        assert_eq!(record.status, Some(200));
+        assert_eq!(record.output_tokens, 1);
+        assert_eq!(record.ttft_ms, Some(100.0));
+        assert_eq!(record.e2e_ms, 150.0);
+        assert_eq!(gauge(&meter, "default"), 0);
+        let metrics = String::from_utf8(meter.metrics.render()).unwrap();
+        assert!(metrics.contains(
+            "tokenmeter_requests_total{model=\"unknown\",outcome=\"cancelled\",route=\"default\"} 1"
+        ));
+    }
+
+    /// A recorder dropped before its finish is the client going away: cancelled, once.
+    #[tokio::test(start_paused = true)]
+    async fn a_dropped_recorder_is_cancelled_once() {
+        let (meter, records) = meter("");
+        let mut recorder = start(&meter);
+        assert_eq!(gauge(&meter, "default"), 1);
+        tokio::time::advance(Duration::from_millis(30)).await;
+        recorder.on_head(StatusCode::OK, &sse_head());
+        drop(recorder);
+        let record = records
+            .recv_timeout(Duration::from_secs(5))
+            .expect("one record");
+        assert_eq!(requests_counted(&meter), 1, "published once");
+        assert_eq!(record.outcome, "cancelled");
+        assert_eq!(record.e2e_ms, 30.0);
+        assert_eq!(record.ttft_ms, None);
+        assert_eq!(gauge(&meter, "default"), 0);
+    }
+
+    /// TTFT, TPOT and the largest gap follow the frames' timestamps; two events in one frame are
+    /// one zero gap.
+    #[tokio::test(start_paused = true)]
+    async fn figures_follow_the_frame_timestamps() {
+        let (meter, records) = meter("");
+        let mut recorder = start(&meter);
+        recorder.on_head(StatusCode::OK, &sse_head());
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        recorder.on_data(&chunk("a"), at(200));
+        recorder.on_data(&chunk("b"), at(260));
+        recorder.on_data(&Bytes::from([chunk("c"), chunk("d")].concat()), at(300));
+        recorder.on_data(&Bytes::from_static(b"data: [DONE]\n\n"), at(310));
+        recorder.finish(End::Complete, at(320));
+        let record = records
+            .recv_timeout(Duration::from_secs(5))
+            .expect("one record");
+        assert_eq!(record.outcome, "ok");
+        assert_eq!(record.ttft_ms, Some(200.0));
+        assert_eq!(record.output_tokens, 4);
+        // (300 - 200) / (4 - 1), rounded to the microsecond.
+        assert_eq!(record.tpot_ms, Some(33.333));
+        assert_eq!(record.max_itl_ms, Some(60.0));
+        assert_eq!(record.e2e_ms, 320.0);
+    }
+}

@@ -1,0 +1,239 @@
+//! The response body as the client receives it, timestamped frame by frame.
+//!
+//! [`TimedBody`] forwards every frame of the upstream body unchanged, in the same poll, and shows
+//! its data to the request's [`Recorder`] by reference at the moment it is handed to hyper, which
+//! writes it to the client connection at once. It forwards `is_end_stream` and `size_hint`, and
+//! finishes the recorder exactly once: at the end, on an upstream error, or (through the
+//! recorder's `Drop`) when the client goes away and hyper drops the body.
+
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use tokio::time::Instant;
+
+use super::recorder::Recorder;
+use crate::policy::outcome::End;
+
+pin_project! {
+    /// A response body that times what it hands on.
+    pub struct TimedBody<B> {
+        #[pin]
+        inner: B,
+        recorder: Recorder,
+    }
+}
+
+impl<B: Body<Data = Bytes>> TimedBody<B> {
+    /// Wraps a response body; an empty one (HEAD, 204, 304) finishes the request at once,
+    /// because hyper may never poll it.
+    pub fn new(inner: B, mut recorder: Recorder) -> Self {
+        if inner.is_end_stream() {
+            recorder.finish(End::Complete, Instant::now());
+        }
+        TimedBody { inner, recorder }
+    }
+}
+
+impl<B: Body<Data = Bytes>> Body for TimedBody<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let mut this = self.project();
+        // Timestamp only frames that are ready, never on Pending.
+        let polled = ready!(this.inner.as_mut().poll_frame(cx));
+        let now = Instant::now();
+        match &polled {
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    this.recorder.on_data(data, now);
+                }
+                // hyper stops polling once the body says it has ended, so finish now.
+                if this.inner.is_end_stream() {
+                    this.recorder.finish(End::Complete, now);
+                }
+            }
+            Some(Err(_)) => this.recorder.finish(End::UpstreamBroken, now),
+            None => this.recorder.finish(End::Complete, now),
+        }
+        Poll::Ready(polled)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Exact timing on paused time: the body yields frames after known delays, and the record
+    //! must show exactly those delays.
+
+    use std::collections::VecDeque;
+    use std::convert::Infallible;
+    use std::future::Future;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use http_body_util::BodyExt;
+
+    use super::*;
+    use crate::measure::Meter;
+    use crate::publish::record::{Record, RecordSink};
+
+    fn chunk(content: &str) -> Bytes {
+        Bytes::from(format!(
+            "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{content}\"}}}}]}}\n\n"
+        ))
+    }
+
+    /// Plays `(delay, bytes)` steps through a TimedBody on paused time and returns the record.
+    async fn play(steps: Vec<(u64, Bytes)>, drop_after: Option<usize>) -> (Record, Arc<Meter>) {
+        let mut meter = Meter::detached(1 << 20);
+        let (sink, records) = RecordSink::channel(8, meter.metrics.access_log_dropped.clone());
+        meter.access_log = Some(sink);
+        let meter = Arc::new(meter);
+        let uri: http::Uri = "/v1/chat/completions".parse().unwrap();
+        let mut recorder = Recorder::start(
+            meter.clone(),
+            &http::Method::POST,
+            &uri,
+            &http::HeaderMap::new(),
+        );
+        recorder.model_slot().decide(Some("m"));
+        let mut headers = http::HeaderMap::new();
+        headers.insert("content-type", "text/event-stream".parse().unwrap());
+        recorder.on_head(http::StatusCode::OK, &headers);
+        let scripted = ScriptedBody {
+            steps: steps.into(),
+            sleep: None,
+        };
+        let mut body = TimedBody::new(scripted, recorder);
+        let mut n = 0;
+        while let Some(frame) = body.frame().await {
+            frame.unwrap();
+            n += 1;
+            if Some(n) == drop_after {
+                break;
+            }
+        }
+        drop(body);
+        let record = records
+            .recv_timeout(std::time::Duration::from_secs(5))
+            .expect("one record");
+        (record, meter)
+    }
+
+    /// A body that yields each frame after its delay on tokio's (paused) clock.
+    struct ScriptedBody {
+        steps: VecDeque<(u64, Bytes)>,
+        sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+    }
+
+    impl Body for ScriptedBody {
+        type Data = Bytes;
+        type Error = Infallible;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+            let this = &mut *self;
+            let Some(&(delay, _)) = this.steps.front() else {
+                return Poll::Ready(None);
+            };
+            let sleep = this
+                .sleep
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep(Duration::from_millis(delay))));
+            ready!(sleep.as_mut().poll(cx));
+            this.sleep = None;
+            Poll::Ready(
+                this.steps
+                    .pop_front()
+                    .map(|(_, bytes)| Ok(Frame::data(bytes))),
+            )
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn figures_are_exact_on_paused_time() {
+        let role = Bytes::from_static(
+            b"data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\"}}]}\n\n",
+        );
+        let finish = Bytes::from_static(
+            b"data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n",
+        );
+        let (r, meter) = play(
+            vec![
+                (10, role),
+                (190, chunk("a")),
+                (50, chunk("b")),
+                (150, chunk("c")),
+                // Two events in one frame arrive together: one gap of 40 ms, one of zero.
+                (40, Bytes::from([chunk("d"), chunk("e")].concat())),
+                (5, finish),
+                (0, Bytes::from_static(b"data: [DONE]\n\n")),
+            ],
+            None,
+        )
+        .await;
+        assert_eq!(r.outcome, "ok");
+        assert_eq!(r.ttfb_ms, Some(10.0));
+        assert_eq!(r.ttft_ms, Some(200.0));
+        assert_eq!(r.ttfc_ms, Some(200.0));
+        assert_eq!(r.output_tokens, 5);
+        assert_eq!(r.token_source, "events");
+        // (440 - 200) / (5 - 1)
+        assert_eq!(r.tpot_ms, Some(60.0));
+        assert_eq!(r.max_itl_ms, Some(150.0));
+        assert_eq!(r.e2e_ms, 445.0);
+        assert_eq!(r.finish_reason, Some("stop"));
+        let text = String::from_utf8(meter.metrics.render()).unwrap();
+        // Gaps: 50, 150, 40, 0.
+        for line in [
+            "tokenmeter_inter_token_latency_seconds_count{model=\"m\",route=\"default\"} 4",
+            "tokenmeter_inter_token_latency_seconds_bucket{model=\"m\",route=\"default\",le=\"0.001\"} 1",
+            "tokenmeter_inter_token_latency_seconds_bucket{model=\"m\",route=\"default\",le=\"0.05\"} 3",
+            "tokenmeter_inter_token_latency_seconds_bucket{model=\"m\",route=\"default\",le=\"0.15\"} 4",
+            "tokenmeter_time_to_first_token_seconds_bucket{model=\"m\",route=\"default\",le=\"0.2\"} 1",
+            "tokenmeter_time_to_first_token_seconds_bucket{model=\"m\",route=\"default\",le=\"0.15\"} 0",
+        ] {
+            assert!(text.contains(line), "missing {line}\n{text}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_dropped_midway_is_cancelled_once() {
+        let (r, meter) = play(
+            vec![(100, chunk("a")), (100, chunk("b")), (1000, chunk("c"))],
+            Some(2),
+        )
+        .await;
+        assert_eq!(r.outcome, "cancelled");
+        assert_eq!(r.ttft_ms, Some(100.0));
+        assert_eq!(r.e2e_ms, 200.0);
+        let text = String::from_utf8(meter.metrics.render()).unwrap();
+        assert!(text.contains(
+            "tokenmeter_requests_total{model=\"m\",outcome=\"cancelled\",route=\"default\"} 1"
+        ));
+        assert!(text.contains("tokenmeter_in_flight_requests{route=\"default\"} 0"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_without_its_end_marker_is_an_error() {
+        let (r, _) = play(vec![(100, chunk("a")), (100, chunk("b"))], None).await;
+        assert_eq!(r.outcome, "error");
+        assert_eq!(r.output_tokens, 2);
+        assert_eq!(r.tpot_ms, Some(100.0));
+    }
+}

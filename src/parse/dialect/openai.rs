@@ -1,0 +1,471 @@
+//! The OpenAI dialects: chat completions and legacy completions, streamed or whole.
+//!
+//! Chat: an event carries output when some choice's `delta` (or, in a whole body, `message`)
+//! has non-empty `content`, `refusal`, `reasoning_content` or `reasoning`, or any `tool_calls`
+//! (or legacy `function_call`); visible content is `content` and `refusal`, which a reader sees,
+//! never reasoning or tool-call arguments. Together also sends a completions-style `text` on chat
+//! chunks, beside `delta.content`: it counts as content, and the event still counts once, since
+//! one event is one verdict. With `n > 1` choices interleave; an event with output in any choice
+//! is one output event.
+//!
+//! Completions: output and content are a non-empty `choices[].text`.
+//!
+//! Both: `[DONE]` or any non-null `finish_reason` is the end marker (Cerebras never sends
+//! `[DONE]`); `usage` may come in a trailing `choices: []` chunk, inside the finish chunk, or
+//! cumulatively on every chunk; the latest is the count (with `n > 1` the trailing chunk holds
+//! the sum over choices). A chunk of one choice that carries usage gives that choice's running
+//! count (vLLM's `continuous_usage_stats`), so the tokens of an output event are the growth of
+//! its choice's count since the choice's last output event; a chunk without choices holds a
+//! total, not a running count, and is not used for that. A top-level `error` (or
+//! `"object": "error"`, or an SSE event named `error`) is an error. A payload that is not JSON
+//! is ignored, not an error: a stream is judged by its end marker, not by one odd line. Unknown
+//! fields (`id`, `logprobs`, `obfuscation`, ...) are skipped unread.
+
+use serde::de::{Deserializer, SeqAccess, Visitor};
+use serde::Deserialize;
+
+use super::{
+    is_done, Alarm, Count, Finish, FinishReason, Index, Shape, ToolCalls, Tracks, Verdict,
+};
+
+/// One chunk of a stream, or a whole body: only the fields that matter here. Everything else
+/// (`id`, `logprobs`, `system_fingerprint`, `obfuscation`, ...) is skipped by serde unread.
+#[derive(Deserialize)]
+struct Chunk {
+    #[serde(default)]
+    choices: Choices,
+    #[serde(default)]
+    usage: Option<Usage>,
+    #[serde(default, deserialize_with = "Alarm::error_field")]
+    error: Alarm,
+    #[serde(default, deserialize_with = "Alarm::object_field")]
+    object: Alarm,
+}
+
+#[derive(Deserialize)]
+struct Usage {
+    #[serde(default)]
+    completion_tokens: Count,
+    #[serde(default)]
+    prompt_tokens: Count,
+}
+
+/// One element of `choices`.
+#[derive(Deserialize)]
+struct Choice {
+    #[serde(default)]
+    index: Index,
+    #[serde(default)]
+    delta: Option<Message>,
+    #[serde(default)]
+    message: Option<Message>,
+    #[serde(default)]
+    text: Shape,
+    #[serde(default)]
+    finish_reason: Finish,
+}
+
+/// A chat `delta` (streamed) or `message` (whole body).
+#[derive(Deserialize)]
+struct Message {
+    #[serde(default)]
+    content: Shape,
+    #[serde(default)]
+    refusal: Shape,
+    #[serde(default)]
+    reasoning_content: Shape,
+    #[serde(default)]
+    reasoning: Shape,
+    #[serde(default)]
+    tool_calls: ToolCalls,
+    #[serde(default)]
+    function_call: Shape,
+}
+
+impl Message {
+    fn content(&self) -> bool {
+        self.content.filled() || self.refusal.filled()
+    }
+
+    fn output(&self) -> bool {
+        self.content()
+            || self.reasoning_content.filled()
+            || self.reasoning.filled()
+            || self.tool_calls.0
+            || self.function_call.filled()
+    }
+}
+
+/// All choices of one chunk, folded as they are read: no `Vec` is built for them.
+#[derive(Debug, Default)]
+struct Choices {
+    /// Some chat message carried output.
+    message_output: bool,
+    /// Some chat message carried visible content.
+    message_content: bool,
+    /// Some choice had a non-empty `text`.
+    text: bool,
+    /// The last non-null finish reason among the choices.
+    finish: Option<FinishReason>,
+    /// How many choices the chunk had, and the index of the last one.
+    count: u32,
+    index: u64,
+}
+
+impl<'de> Deserialize<'de> for Choices {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(ChoicesVisitor)
+    }
+}
+
+struct ChoicesVisitor;
+
+impl<'de> Visitor<'de> for ChoicesVisitor {
+    type Value = Choices;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("an array of choices or null")
+    }
+
+    fn visit_unit<E>(self) -> Result<Choices, E> {
+        Ok(Choices::default())
+    }
+
+    fn visit_none<E>(self) -> Result<Choices, E> {
+        Ok(Choices::default())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Choices, A::Error> {
+        let mut all = Choices::default();
+        while let Some(choice) = seq.next_element::<Choice>()? {
+            for message in [&choice.delta, &choice.message].into_iter().flatten() {
+                all.message_output |= message.output();
+                all.message_content |= message.content();
+            }
+            all.text |= choice.text.filled();
+            all.count = all.count.saturating_add(1);
+            all.index = choice.index.0;
+            if choice.finish_reason.0.is_some() {
+                all.finish = choice.finish_reason.0;
+            }
+        }
+        Ok(all)
+    }
+}
+
+/// Which fields of a choice count, per dialect.
+#[derive(Clone, Copy)]
+enum Flavour {
+    Chat,
+    Completions,
+}
+
+/// A chat or completions stream: the running counts of its choices.
+#[derive(Debug, Default)]
+pub(in crate::parse) struct OpenAi {
+    tracks: Tracks,
+}
+
+impl OpenAi {
+    pub(super) fn chat_event(&mut self, event_type: &[u8], data: &[u8]) -> Verdict {
+        self.event(Flavour::Chat, event_type, data)
+    }
+
+    pub(super) fn completions_event(&mut self, event_type: &[u8], data: &[u8]) -> Verdict {
+        self.event(Flavour::Completions, event_type, data)
+    }
+
+    fn event(&mut self, flavour: Flavour, event_type: &[u8], data: &[u8]) -> Verdict {
+        let base = Verdict {
+            error: event_type == b"error",
+            ..Verdict::default()
+        };
+        if is_done(data) {
+            return Verdict { end: true, ..base };
+        }
+        let Ok(chunk) = serde_json::from_slice::<Chunk>(data) else {
+            return base;
+        };
+        let mut verdict = read(flavour, &chunk, base);
+        let running = chunk.usage.as_ref().and_then(|u| u.completion_tokens.0);
+        if let (Some(count), 1) = (running, chunk.choices.count) {
+            verdict.tokens = self
+                .tracks
+                .count(chunk.choices.index, count, verdict.output);
+        }
+        verdict
+    }
+}
+
+pub(super) fn chat_body(body: &[u8]) -> Verdict {
+    parse(Flavour::Chat, body)
+}
+
+pub(super) fn completions_body(body: &[u8]) -> Verdict {
+    parse(Flavour::Completions, body)
+}
+
+fn parse(flavour: Flavour, json: &[u8]) -> Verdict {
+    match serde_json::from_slice::<Chunk>(json) {
+        Ok(chunk) => read(flavour, &chunk, Verdict::default()),
+        Err(_) => Verdict::default(),
+    }
+}
+
+fn read(flavour: Flavour, chunk: &Chunk, base: Verdict) -> Verdict {
+    let choices = &chunk.choices;
+    let (output, content) = match flavour {
+        Flavour::Chat => {
+            let content = choices.message_content || choices.text;
+            (content || choices.message_output, content)
+        }
+        Flavour::Completions => (choices.text, choices.text),
+    };
+    let (usage_output_tokens, usage_prompt_tokens) = match &chunk.usage {
+        Some(usage) => (usage.completion_tokens.0, usage.prompt_tokens.0),
+        None => (None, None),
+    };
+    Verdict {
+        output,
+        content,
+        end: choices.finish.is_some(),
+        error: base.error || chunk.error.0 || chunk.object.0,
+        finish: choices.finish,
+        usage_output_tokens,
+        usage_prompt_tokens,
+        tokens: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chat(data: &str) -> Verdict {
+        OpenAi::default().chat_event(b"", data.as_bytes())
+    }
+
+    fn chat_event(event_type: &[u8], data: &[u8]) -> Verdict {
+        OpenAi::default().chat_event(event_type, data)
+    }
+
+    fn completions_event(event_type: &[u8], data: &[u8]) -> Verdict {
+        OpenAi::default().completions_event(event_type, data)
+    }
+
+    #[test]
+    fn chat_output_kinds() {
+        let v = chat(r#"{"choices":[{"index":0,"delta":{"content":"Hi"}}]}"#);
+        assert!(v.output && v.content && !v.end);
+
+        let v = chat(r#"{"choices":[{"index":0,"delta":{"content":"\"\u00e9\n"}}]}"#);
+        assert!(v.output && v.content, "escaped content is content");
+
+        let v = chat(r#"{"choices":[{"delta":{"reasoning_content":"hmm"}}]}"#);
+        assert!(v.output && !v.content, "reasoning is output, not content");
+
+        let v = chat(r#"{"choices":[{"delta":{"reasoning":"hmm","content":null}}]}"#);
+        assert!(v.output && !v.content);
+
+        let v = chat(r#"{"choices":[{"delta":{"refusal":"I can't"}}]}"#);
+        assert!(v.output && v.content, "a refusal is read by the user");
+
+        let v = chat(
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":""}}]}}]}"#,
+        );
+        assert!(
+            v.output && !v.content,
+            "a tool call is output even with empty arguments"
+        );
+
+        let v = chat(r#"{"choices":[{"delta":{"function_call":{"arguments":"{"}}}]}"#);
+        assert!(v.output && !v.content);
+    }
+
+    #[test]
+    fn chat_events_without_output() {
+        for data in [
+            r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":"","refusal":null}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":null}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":null,"content":""}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[]}}]}"#,
+            r#"{"choices":[{"delta":{},"finish_reason":"stop"}]}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}"#,
+            r#"{"choices":null}"#,
+            r#"{}"#,
+            "[DONE]",
+            "not json",
+            "",
+        ] {
+            let v = chat(data);
+            assert!(!v.output && !v.content && !v.error, "{data}");
+        }
+    }
+
+    #[test]
+    fn chat_end_markers() {
+        assert!(chat("[DONE]").end);
+        assert!(chat(" [DONE] ").end);
+        assert!(!chat("[DONE]x").end);
+        let v = chat(r#"{"choices":[{"delta":{},"finish_reason":"length"}]}"#);
+        assert!(v.end);
+        assert_eq!(v.finish, Some(FinishReason::Length));
+        let v = chat(r#"{"choices":[{"delta":{"content":"x"},"finish_reason":null}]}"#);
+        assert!(!v.end);
+        assert_eq!(v.finish, None);
+        let v = chat(r#"{"choices":[{"delta":{"content":"x"},"finish_reason":""}]}"#);
+        assert!(!v.end, "an empty finish reason is no reason");
+    }
+
+    #[test]
+    fn chat_usage_anywhere() {
+        let v = chat(r#"{"choices":[],"usage":{"prompt_tokens":79,"completion_tokens":1}}"#);
+        assert_eq!(
+            (v.usage_output_tokens, v.usage_prompt_tokens),
+            (Some(1), Some(79))
+        );
+        let v = chat(
+            r#"{"choices":[{"delta":{"content":"a"}}],"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8}}"#,
+        );
+        assert!(v.output);
+        assert_eq!(v.usage_output_tokens, Some(3));
+        let v = chat(r#"{"choices":[{"delta":{"content":"a"}}],"usage":null}"#);
+        assert_eq!(v.usage_output_tokens, None);
+    }
+
+    #[test]
+    fn chat_errors() {
+        let v = chat(r#"{"error":{"message":"overloaded","type":"server_error"}}"#);
+        assert!(v.error && !v.output);
+        let v = chat(r#"{"object":"error","message":"boom","type":"BadRequestError"}"#);
+        assert!(v.error);
+        let v = chat_event(b"error", br#"{"message":"boom"}"#);
+        assert!(v.error);
+        let v = chat(r#"{"choices":[{"delta":{"content":"x"}}],"error":null}"#);
+        assert!(!v.error && v.content);
+        let v = chat(r#"{"object":"chat.completion.chunk","choices":[]}"#);
+        assert!(!v.error);
+    }
+
+    #[test]
+    fn interleaved_choices_are_one_event() {
+        let v = chat(
+            r#"{"choices":[{"index":0,"delta":{"content":""}},{"index":1,"delta":{"reasoning":"r"}},{"index":2,"delta":{},"finish_reason":"stop"}]}"#,
+        );
+        assert!(v.output && !v.content && v.end);
+        assert_eq!(v.finish, Some(FinishReason::Stop));
+    }
+
+    #[test]
+    fn together_text_and_delta() {
+        let v = chat(
+            r#"{"choices":[{"index":0,"text":"Deep","finish_reason":null,"delta":{"token_id":34564,"role":"assistant","content":"Deep","tool_calls":null}}]}"#,
+        );
+        assert!(v.output && v.content);
+    }
+
+    #[test]
+    fn completions() {
+        let c = |data: &str| completions_event(b"", data.as_bytes());
+        let v = c(r#"{"choices":[{"text":" +","index":0,"logprobs":null,"finish_reason":null}]}"#);
+        assert!(v.output && v.content && !v.end);
+        let v = c(r#"{"choices":[{"text":"","index":0,"finish_reason":"length"}]}"#);
+        assert!(!v.output && v.end);
+        assert_eq!(v.finish, Some(FinishReason::Length));
+        let v = c(r#"{"choices":[{"delta":{"content":"x"}}]}"#);
+        assert!(!v.output, "completions read text only");
+        assert!(c("[DONE]").end);
+    }
+
+    /// vLLM's continuous usage stats: each chunk carries its choice's running count, so an event
+    /// that carried two tokens (speculative decoding) says so; the trailing total is no step.
+    #[test]
+    fn continuous_usage_gives_tokens_per_event() {
+        let mut s = OpenAi::default();
+        let mut ev = |data: &str| s.chat_event(b"", data.as_bytes());
+        let role = ev(
+            r#"{"object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""}}],"usage":{"prompt_tokens":9,"total_tokens":9,"completion_tokens":0}}"#,
+        );
+        assert_eq!((role.output, role.tokens), (false, None));
+        let one = ev(
+            r#"{"choices":[{"index":0,"delta":{"content":"The"}}],"usage":{"prompt_tokens":9,"completion_tokens":1}}"#,
+        );
+        assert_eq!((one.output, one.tokens), (true, Some(1)));
+        let three = ev(
+            r#"{"choices":[{"index":0,"delta":{"content":" sky is"}}],"usage":{"prompt_tokens":9,"completion_tokens":3}}"#,
+        );
+        assert_eq!(three.tokens, Some(2));
+        assert_eq!(three.usage_output_tokens, Some(3));
+        let finish = ev(
+            r#"{"choices":[{"index":0,"delta":{"content":""},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":4}}"#,
+        );
+        assert!(!finish.output && finish.end);
+        let total = ev(r#"{"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":4}}"#);
+        assert_eq!((total.tokens, total.usage_output_tokens), (None, Some(4)));
+    }
+
+    /// Usage only at the end, inside the last content chunk (Together): no earlier count, so the
+    /// event's tokens are unknown rather than the whole answer.
+    #[test]
+    fn final_usage_is_not_a_step() {
+        let mut s = OpenAi::default();
+        let v = s.chat_event(
+            b"",
+            br#"{"choices":[{"index":0,"delta":{"content":" and"},"finish_reason":"length"}],"usage":{"prompt_tokens":26,"completion_tokens":20}}"#,
+        );
+        assert!(v.output && v.end);
+        assert_eq!((v.tokens, v.usage_output_tokens), (None, Some(20)));
+    }
+
+    #[test]
+    fn obfuscation_padding_is_ignored() {
+        let v = chat(
+            r#"{"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}],"obfuscation":"q9Zk2"}"#,
+        );
+        assert!(v.output && v.content);
+        let v = chat(
+            r#"{"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"obfuscation":"Ab"}"#,
+        );
+        assert!(!v.output && v.end);
+    }
+
+    #[test]
+    fn whole_chat_body() {
+        let body = br#"{
+          "id": "chatcmpl-123",
+          "object": "chat.completion",
+          "created": 1727346171,
+          "model": "gpt-4o-2024-08-06",
+          "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": "Hello there!", "refusal": null},
+            "logprobs": null,
+            "finish_reason": "stop"
+          }],
+          "usage": {"prompt_tokens": 9, "completion_tokens": 12, "total_tokens": 21}
+        }"#;
+        let v = chat_body(body);
+        assert!(v.output && v.content && v.end && !v.error);
+        assert_eq!(v.finish, Some(FinishReason::Stop));
+        assert_eq!(v.usage_output_tokens, Some(12));
+        assert_eq!(v.usage_prompt_tokens, Some(9));
+
+        let body = br#"{"object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"f","arguments":"{}"}}]},"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":50,"completion_tokens":15}}"#;
+        let v = chat_body(body);
+        assert!(v.output && !v.content);
+        assert_eq!(v.finish, Some(FinishReason::ToolCalls));
+
+        let body = br#"{"error":{"message":"The model `x` does not exist","type":"invalid_request_error","param":null,"code":"model_not_found"}}"#;
+        let v = chat_body(body);
+        assert!(v.error && !v.output);
+    }
+
+    #[test]
+    fn whole_completions_body() {
+        let body = br#"{"id":"cmpl-1","object":"text_completion","created":1,"model":"gpt-3.5-turbo-instruct","choices":[{"text":"\n\nThis is a test.","index":0,"logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":5,"completion_tokens":7,"total_tokens":12}}"#;
+        let v = completions_body(body);
+        assert!(v.output && v.content && v.end);
+        assert_eq!(v.finish, Some(FinishReason::Length));
+        assert_eq!(v.usage_output_tokens, Some(7));
+    }
+}

@@ -1,0 +1,54 @@
+//! The plain values of a finished request: how it ended, its outcome and its figures. The
+//! recorder computes them; the SLO verdict, the metrics, the live view and the record read them.
+
+use std::time::Duration;
+
+use http::StatusCode;
+
+/// How a request ended, as the proxy saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum End {
+    /// The response body ended cleanly.
+    Complete,
+    /// The upstream connection broke mid-body.
+    UpstreamBroken,
+    /// The proxy answered itself (502, 504) because the upstream could not.
+    Failed(StatusCode),
+    /// The client went away first.
+    Cancelled,
+}
+
+/// The outcome of a request, per `docs/MEASUREMENT.md`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Ok,
+    Error,
+    ClientError,
+    Cancelled,
+}
+
+impl Outcome {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Error => "error",
+            Outcome::ClientError => "client_error",
+            Outcome::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// The figures of one finished request; durations are from `t_start`.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Figures {
+    pub(crate) outcome: Outcome,
+    pub(crate) ttfb: Option<Duration>,
+    pub(crate) ttft: Option<Duration>,
+    pub(crate) ttfc: Option<Duration>,
+    pub(crate) tpot: Option<Duration>,
+    pub(crate) max_itl: Option<Duration>,
+    pub(crate) e2e: Duration,
+    pub(crate) output_tokens: u64,
+    pub(crate) tokens_from_usage: bool,
+    pub(crate) prompt_tokens: Option<u64>,
+}

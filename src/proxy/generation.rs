@@ -1,0 +1,252 @@
+//! Configuration generations: the one in force, and how the next one replaces it.
+//!
+//! Each request takes the generation in force when it starts ([`Generations::current`]) and
+//! keeps it to the end, so a reload never changes the route or SLO of a request in flight. A
+//! reload (SIGHUP, or the file's content changing, which also covers Kubernetes' ConfigMap
+//! symlink swap) parses and checks the new file first; a valid one is swapped in atomically, an
+//! invalid one is refused with one log line and the old one keeps serving. What cannot change
+//! without a restart (the listen and admin addresses) is kept, and the log says so.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+
+use super::forward::Forwarder;
+use crate::config::{Config, ConfigError, Upstream};
+use crate::measure::Meter;
+use crate::policy::route::Router;
+use crate::publish::metrics::Metrics;
+use crate::publish::record;
+
+/// Settings given on the command line; they win over the file at every reload.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub listen: Option<SocketAddr>,
+    pub admin: Option<SocketAddr>,
+    pub upstream: Option<Upstream>,
+}
+
+impl Overrides {
+    pub fn apply(&self, config: &mut Config) {
+        if let Some(listen) = self.listen {
+            config.listen = listen;
+        }
+        if let Some(admin) = self.admin {
+            config.admin = admin;
+        }
+        if let Some(upstream) = &self.upstream {
+            config.upstream = upstream.clone();
+        }
+    }
+}
+
+/// One configuration generation: what a request that starts under it is measured with and
+/// where it is sent. A request keeps its generation to its end.
+pub(crate) struct Generation {
+    pub(crate) meter: Arc<Meter>,
+    /// The upstream client; a reload that keeps the upstream keeps its connection pool.
+    pub(crate) forwarder: Arc<Forwarder>,
+}
+
+/// What a reload did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reloaded {
+    /// A new generation is in force.
+    Swapped,
+    /// The file says what the running configuration already says.
+    Unchanged,
+}
+
+/// The generation in force and what is needed to build the next.
+pub(crate) struct Generations {
+    current: ArcSwap<Generation>,
+    /// The configuration in force, overrides applied.
+    running: Mutex<Config>,
+    /// The file the configuration came from; `None` runs on built-in defaults.
+    source: Option<PathBuf>,
+    overrides: Overrides,
+    metrics: Arc<Metrics>,
+    /// The file's text (or read error) last seen, so the watcher acts only on a change.
+    last_seen: Mutex<Option<Result<String, String>>>,
+}
+
+impl Generations {
+    /// The first generation, from a configuration already loaded and checked.
+    pub(crate) fn new(
+        config: Config,
+        source: Option<PathBuf>,
+        overrides: Overrides,
+    ) -> std::io::Result<Generations> {
+        let metrics = Arc::new(Metrics::new(&config));
+        let generation = build(&config, None, None, &metrics)?;
+        let last_seen = source
+            .as_ref()
+            .map(|path| std::fs::read_to_string(path).map_err(|e| e.to_string()));
+        Ok(Generations {
+            current: ArcSwap::from_pointee(generation),
+            running: Mutex::new(config),
+            source,
+            overrides,
+            metrics,
+            last_seen: Mutex::new(last_seen),
+        })
+    }
+
+    /// The generation a new request takes.
+    pub(crate) fn current(&self) -> Arc<Generation> {
+        self.current.load_full()
+    }
+
+    pub(crate) fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// The configuration in force.
+    pub(crate) fn config(&self) -> Config {
+        self.running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Re-reads the file and swaps in what it says, if it is valid (SIGHUP).
+    pub(crate) fn reload(&self) -> Result<Reloaded, ConfigError> {
+        let Some(path) = &self.source else {
+            return Ok(Reloaded::Unchanged);
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| e.to_string());
+        *self.last_seen.lock().unwrap_or_else(|p| p.into_inner()) = Some(text.clone());
+        self.apply(text)
+    }
+
+    /// Reopens the per-request record's file, for logrotate (SIGHUP).
+    pub(crate) fn reopen_logs(&self) {
+        if let Some(log) = &self.current().meter.access_log {
+            log.reopen();
+            // Records finished from now on queue behind the reopen, so they reach the new file.
+            tracing::info!("access log reopen queued");
+        }
+    }
+
+    /// Reloads whenever the file's content changes; reading it is cheap next to the interval.
+    pub(crate) async fn watch(self: Arc<Self>, interval: Duration) {
+        let Some(path) = self.source.clone() else {
+            return;
+        };
+        if interval.is_zero() {
+            return;
+        }
+        let mut ticks = tokio::time::interval(interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            let text = tokio::fs::read_to_string(&path)
+                .await
+                .map_err(|e| e.to_string());
+            {
+                let mut last = self.last_seen.lock().unwrap_or_else(|p| p.into_inner());
+                if last.as_ref() == Some(&text) {
+                    continue;
+                }
+                *last = Some(text.clone());
+            }
+            tracing::info!(file = %path.display(), "configuration file changed");
+            // Errors are logged and counted inside; the old configuration keeps serving.
+            let _ = self.apply(text);
+        }
+    }
+
+    fn apply(&self, text: Result<String, String>) -> Result<Reloaded, ConfigError> {
+        let origin = self
+            .source
+            .as_ref()
+            .map_or_else(|| "<defaults>".to_string(), |p| p.display().to_string());
+        let result = text
+            .map_err(|e| ConfigError {
+                origin: origin.clone(),
+                message: format!("cannot read the file: {e}"),
+            })
+            .and_then(|text| Config::parse(&text, &origin))
+            .and_then(|config| self.swap(config, &origin));
+        match &result {
+            Ok(Reloaded::Swapped) => {
+                self.metrics.count_reload(true);
+                tracing::info!(file = %origin, "configuration reloaded");
+            }
+            Ok(Reloaded::Unchanged) => self.metrics.count_reload(true),
+            Err(e) => {
+                self.metrics.count_reload(false);
+                tracing::error!("{e}; the previous configuration keeps serving");
+            }
+        }
+        result
+    }
+
+    fn swap(&self, mut config: Config, origin: &str) -> Result<Reloaded, ConfigError> {
+        self.overrides.apply(&mut config);
+        let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        for (what, old, new) in [
+            ("listen", running.listen, config.listen),
+            ("admin", running.admin, config.admin),
+        ] {
+            if old != new {
+                tracing::warn!(
+                    "{what}: {new} needs a restart to take effect; still serving on {old}"
+                );
+            }
+        }
+        config.listen = running.listen;
+        config.admin = running.admin;
+        if config == *running {
+            return Ok(Reloaded::Unchanged);
+        }
+        let previous = self.current();
+        let generation =
+            build(&config, Some(&running), Some(&previous), &self.metrics).map_err(|e| {
+                ConfigError {
+                    origin: origin.to_string(),
+                    message: e.to_string(),
+                }
+            })?;
+        self.metrics.reconfigure(&config);
+        self.current.store(Arc::new(generation));
+        *running = config;
+        Ok(Reloaded::Swapped)
+    }
+}
+
+/// Builds a generation, reusing what did not change: the upstream client (and its pool) and the
+/// record's writer.
+fn build(
+    config: &Config,
+    before: Option<&Config>,
+    previous: Option<&Generation>,
+    metrics: &Arc<Metrics>,
+) -> std::io::Result<Generation> {
+    let same = |f: &dyn Fn(&Config) -> bool| before.is_some_and(f);
+    let access_log = match (previous, &config.access_log) {
+        (Some(p), log) if same(&|b| b.access_log == *log) => p.meter.access_log.clone(),
+        (_, Some(log)) => Some(record::start(log, metrics.access_log_dropped.clone())?),
+        (_, None) => None,
+    };
+    let forwarder = match previous {
+        Some(p) if same(&|b| b.upstream == config.upstream && b.timeouts == config.timeouts) => {
+            p.forwarder.clone()
+        }
+        _ => Arc::new(Forwarder::new(&config.upstream, &config.timeouts)),
+    };
+    let meter = Meter {
+        router: Router::new(&config.routes),
+        metrics: metrics.clone(),
+        access_log,
+        live: previous.map_or_else(Default::default, |p| p.meter.live.clone()),
+        max_event_bytes: config.stream.max_event_bytes,
+    };
+    Ok(Generation {
+        meter: Arc::new(meter),
+        forwarder,
+    })
+}

@@ -1,0 +1,19 @@
+//! Floor 6, `proxy`: the HTTP around the measurement. The [`server`] binds the listeners and
+//! drains them; the [`listener`] accepts connections and says whether the proxy is ready; the
+//! [`service`] takes one request through: a [`Recorder`](crate::measure::Recorder) started,
+//! the [`request_body`] read in passing for `model`, the request sent by [`forward`], the
+//! response handed back timed. [`admin`] serves what was published; [`generation`] is the
+//! configuration in force and its reload; [`error`] is the one place errors become HTTP.
+
+pub(crate) mod admin;
+pub(crate) mod error;
+pub(crate) mod forward;
+pub(crate) mod generation;
+pub(crate) mod listener;
+pub(crate) mod request_body;
+pub(crate) mod server;
+pub(crate) mod service;
+
+pub use generation::{Overrides, Reloaded};
+pub use listener::accept;
+pub use server::{start, Running, StartError};

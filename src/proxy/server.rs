@@ -1,0 +1,179 @@
+//! Where connections are accepted: the client listener, its drain, and the admin listener.
+//!
+//! The client listener serves HTTP/1.1 and h2c on one port (TCP_NODELAY on every connection).
+//! On shutdown `/readyz` turns 503 at once, the listener closes, open connections are asked to
+//! finish their in-flight responses, and whatever is still streaming at the drain deadline is
+//! cut: an open SSE stream would otherwise hold shutdown forever.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::{JoinHandle, JoinSet};
+
+use super::admin;
+use super::generation::{Generations, Overrides, Reloaded};
+use super::listener::{accept, Health};
+use super::service::Proxy;
+use crate::config::{Config, ConfigError};
+
+/// A started proxy: its bound addresses and the handle that drains it.
+pub struct Running {
+    pub listen: SocketAddr,
+    pub admin: SocketAddr,
+    pub(crate) generations: Arc<Generations>,
+    pub(crate) health: Arc<Health>,
+    shutdown: watch::Sender<bool>,
+    task: JoinHandle<()>,
+    admin_task: JoinHandle<()>,
+    watch_task: JoinHandle<()>,
+}
+
+impl Running {
+    /// Starts draining: not ready, no new connections, in-flight responses may finish.
+    pub fn shutdown(&self) {
+        self.health.set_draining();
+        let _ = self.shutdown.send(true);
+    }
+
+    /// Waits until the drain is over (every response ended, or the deadline passed).
+    pub async fn wait(self) {
+        let _ = self.task.await;
+        self.admin_task.abort();
+        self.watch_task.abort();
+    }
+
+    /// Re-reads the configuration file and swaps in what it says, if valid.
+    pub fn reload_config(&self) -> Result<Reloaded, ConfigError> {
+        self.generations.reload()
+    }
+
+    /// The configuration in force, command-line overrides applied.
+    pub fn config(&self) -> Config {
+        self.generations.config()
+    }
+
+    /// What `/metrics` serves now, in Prometheus' text format.
+    pub fn metrics_text(&self) -> String {
+        String::from_utf8_lossy(&self.generations.metrics().render()).into_owned()
+    }
+
+    /// SIGHUP: reload the configuration file and reopen the record's file.
+    pub fn reload(&self) {
+        let _ = self.generations.reload();
+        self.generations.reopen_logs();
+    }
+}
+
+/// Why the proxy could not start.
+#[derive(Debug)]
+pub struct StartError(pub String);
+
+impl std::fmt::Display for StartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for StartError {}
+
+/// Binds both listeners and starts serving `config`; `source` is the file it came from (for
+/// reloads), with `overrides` from the command line re-applied at every reload.
+pub async fn start(
+    config: Config,
+    source: Option<PathBuf>,
+    overrides: Overrides,
+) -> Result<Running, StartError> {
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| StartError(format!("cannot listen on {}: {e}", config.listen)))?;
+    let admin_listener = TcpListener::bind(config.admin)
+        .await
+        .map_err(|e| StartError(format!("cannot listen on {} (admin): {e}", config.admin)))?;
+    let listen = listener
+        .local_addr()
+        .map_err(|e| StartError(e.to_string()))?;
+    let admin = admin_listener
+        .local_addr()
+        .map_err(|e| StartError(e.to_string()))?;
+    let watch_interval = config.reload.watch_interval;
+    let upstream = config.upstream.clone();
+    let generations = Arc::new(
+        Generations::new(config, source, overrides)
+            .map_err(|e| StartError(format!("cannot open the access log: {e}")))?,
+    );
+    let proxy = Proxy::new(generations.clone());
+    let health = Arc::new(Health::ready());
+    let (shutdown, shutdown_rx) = watch::channel(false);
+    let admin_task = tokio::spawn(admin::serve(
+        admin_listener,
+        generations.clone(),
+        health.clone(),
+    ));
+    let watch_task = tokio::spawn(generations.clone().watch(watch_interval));
+    let task = tokio::spawn(accept_loop(
+        listener,
+        proxy,
+        shutdown_rx,
+        generations.clone(),
+    ));
+    tracing::info!(%listen, %admin, %upstream, "tokenmeter is serving");
+    Ok(Running {
+        listen,
+        admin,
+        generations,
+        health,
+        shutdown,
+        task,
+        admin_task,
+        watch_task,
+    })
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    proxy: Proxy,
+    mut shutdown: watch::Receiver<bool>,
+    generations: Arc<Generations>,
+) {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new());
+    builder.http2().timer(TokioTimer::new());
+    let graceful = GracefulShutdown::new();
+    // Connection tasks are kept so the drain deadline can cut them; finished ones are reaped
+    // as the loop goes, so the set holds only open connections.
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            stream = accept(&listener) => {
+                let service = TowerToHyperService::new(proxy.clone());
+                let connection = builder.serve_connection(TokioIo::new(stream), service).into_owned();
+                let connection = graceful.watch(connection);
+                connections.spawn(async move {
+                    if let Err(e) = connection.await {
+                        tracing::debug!(error = %e, "client connection ended with an error");
+                    }
+                });
+            }
+            _ = shutdown.changed() => break,
+        }
+    }
+    drop(listener);
+    // The drain deadline in force when shutdown begins, reloads included.
+    let drain = generations.config().timeouts.drain;
+    tracing::info!(deadline = %humantime::format_duration(drain), "draining: listener closed, waiting for in-flight responses");
+    tokio::select! {
+        _ = graceful.shutdown() => tracing::info!("drained"),
+        _ = tokio::time::sleep(drain) => {
+            tracing::warn!(open = connections.len(), "drain deadline passed; cutting the connections still open");
+        }
+    }
+    connections.shutdown().await;
+}

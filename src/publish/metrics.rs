@@ -1,0 +1,675 @@
+//! The Prometheus metric families tokenmeter publishes, and the per-request handles into them.
+//!
+//! Names, labels and units follow `docs/MEASUREMENT.md`. Every label value is bounded: routes
+//! come from the configuration, models from [`ModelLabels`], outcomes and finish reasons from
+//! fixed sets. A request resolves its handles once ([`Metrics::request`]); nothing on the
+//! per-frame path looks up a label.
+//!
+//! The registry lives as long as the process. A configuration reload ([`Metrics::reconfigure`])
+//! updates the SLO gauges and the model-label policy, and replaces the histogram families only
+//! when the configured thresholds changed their buckets; counters carry on.
+
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+use std::time::SystemTime;
+
+use prometheus::core::Collector;
+use prometheus::{
+    exponential_buckets, Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec,
+    IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+use crate::config::{Config, Slo};
+use crate::policy::slo::Criterion;
+
+/// Label value for a request whose body named no model (or whose model came too late).
+pub(crate) const UNKNOWN_MODEL: &str = "unknown";
+/// Label value for models past the label limit.
+pub(crate) const OTHER_MODEL: &str = "other";
+
+/// Time to first token/byte/content: interactive thresholds sit between 100 ms and 2 s.
+const FIRST_TOKEN_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0,
+    5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0,
+];
+/// Per-token gaps: decode steps are milliseconds to tens of milliseconds; stalls are seconds.
+const TOKEN_GAP_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.075, 0.1,
+    0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
+];
+/// Whole requests: from a short answer to a long generation.
+const DURATION_BUCKETS: &[f64] = &[
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 8.0, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0,
+    180.0, 300.0, 600.0,
+];
+
+/// Every family, registered in one registry.
+pub(crate) struct Metrics {
+    registry: Registry,
+    requests: IntCounterVec,
+    histograms: RwLock<Arc<Histograms>>,
+    output_tokens_total: IntCounterVec,
+    prompt_tokens_total: IntCounterVec,
+    finish_reasons: IntCounterVec,
+    in_flight: IntGaugeVec,
+    slo_eligible: IntCounterVec,
+    slo_good: IntCounterVec,
+    slo_violations: IntCounterVec,
+    slo_good_output_tokens: IntCounterVec,
+    slo_objective: GaugeVec,
+    slo_threshold: GaugeVec,
+    config_reloads: IntCounterVec,
+    config_last_success: Gauge,
+    /// Records that could not be written because the writer fell behind.
+    pub(crate) access_log_dropped: IntCounter,
+    models: RwLock<Arc<ModelLabels>>,
+}
+
+/// The histogram families, whose buckets depend on the configured thresholds.
+struct Histograms {
+    /// The thresholds these buckets were built for, to tell whether a reload changes them.
+    thresholds: [Vec<f64>; 3],
+    ttfb: HistogramVec,
+    ttft: HistogramVec,
+    ttfc: HistogramVec,
+    tpot: HistogramVec,
+    itl: HistogramVec,
+    duration: HistogramVec,
+    output_tokens: HistogramVec,
+}
+
+impl Histograms {
+    fn new(thresholds: [Vec<f64>; 3]) -> Histograms {
+        let rm = &["route", "model"];
+        let [ttft_t, gap_t, e2e_t] = &thresholds;
+        let output_token_buckets =
+            exponential_buckets(1.0, 2.0, 16).expect("token buckets are valid");
+        Histograms {
+            ttfb: histogram(
+                "tokenmeter_time_to_first_byte_seconds",
+                "From the complete request head to the first response body byte handed to the client.",
+                FIRST_TOKEN_BUCKETS,
+                ttft_t,
+                rm,
+            ),
+            ttft: histogram(
+                "tokenmeter_time_to_first_token_seconds",
+                "From the complete request head to the first output-bearing event handed to the client.",
+                FIRST_TOKEN_BUCKETS,
+                ttft_t,
+                rm,
+            ),
+            ttfc: histogram(
+                "tokenmeter_time_to_first_content_seconds",
+                "From the complete request head to the first event with visible content (not reasoning or tool arguments).",
+                FIRST_TOKEN_BUCKETS,
+                ttft_t,
+                rm,
+            ),
+            tpot: histogram(
+                "tokenmeter_time_per_output_token_seconds",
+                "Per request: (last output event - first output event) / (output tokens - 1).",
+                TOKEN_GAP_BUCKETS,
+                gap_t,
+                rm,
+            ),
+            itl: histogram(
+                "tokenmeter_inter_token_latency_seconds",
+                "Every gap between two consecutive output-bearing events, as handed to the client.",
+                TOKEN_GAP_BUCKETS,
+                gap_t,
+                rm,
+            ),
+            duration: histogram(
+                "tokenmeter_request_duration_seconds",
+                "End-to-end: from the complete request head to the end of the response body.",
+                DURATION_BUCKETS,
+                e2e_t,
+                rm,
+            ),
+            output_tokens: histogram(
+                "tokenmeter_request_output_tokens",
+                "Output tokens per request (from usage when the stream reports it, else output events).",
+                &output_token_buckets,
+                &[],
+                rm,
+            ),
+            thresholds,
+        }
+    }
+
+    fn collectors(&self) -> [&HistogramVec; 7] {
+        [
+            &self.ttfb,
+            &self.ttft,
+            &self.ttfc,
+            &self.tpot,
+            &self.itl,
+            &self.duration,
+            &self.output_tokens,
+        ]
+    }
+}
+
+/// One request's handles, resolved once when its route and model are known.
+pub(crate) struct RequestMetrics {
+    pub(crate) route: Arc<str>,
+    pub(crate) model: Arc<str>,
+    pub(crate) ttfb: Histogram,
+    pub(crate) ttft: Histogram,
+    pub(crate) ttfc: Histogram,
+    pub(crate) tpot: Histogram,
+    pub(crate) itl: Histogram,
+    pub(crate) duration: Histogram,
+    pub(crate) output_tokens: Histogram,
+    pub(crate) output_tokens_total: IntCounter,
+    pub(crate) prompt_tokens_total: IntCounter,
+    pub(crate) slo_eligible: IntCounter,
+    pub(crate) slo_good: IntCounter,
+    pub(crate) slo_good_output_tokens: IntCounter,
+}
+
+/// The request's place in `tokenmeter_in_flight_requests`: it counts until dropped.
+pub(crate) struct InFlight {
+    gauge: IntGauge,
+}
+
+impl InFlight {
+    /// The route's in-flight count, this request included.
+    pub(crate) fn current(&self) -> i64 {
+        self.gauge.get()
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
+}
+
+fn histogram(
+    name: &str,
+    help: &str,
+    buckets: &[f64],
+    thresholds: &[f64],
+    labels: &[&str],
+) -> HistogramVec {
+    let buckets = with_thresholds(buckets, thresholds);
+    HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), labels)
+        .expect("histogram definition is valid")
+}
+
+/// The standard buckets plus every configured threshold, exactly, so that the share of
+/// requests within a threshold can be read from the buckets without interpolation.
+pub(crate) fn with_thresholds(buckets: &[f64], thresholds: &[f64]) -> Vec<f64> {
+    let mut all: Vec<f64> = buckets
+        .iter()
+        .chain(thresholds)
+        .copied()
+        .filter(|b| b.is_finite() && *b > 0.0)
+        .collect();
+    all.sort_by(f64::total_cmp);
+    all.dedup();
+    all
+}
+
+/// The configured thresholds that shape the buckets: TTFT (for the first-byte/token/content
+/// histograms), per-token gaps (TPOT and max ITL) and E2E, each sorted, in seconds.
+fn thresholds(config: &Config) -> [Vec<f64>; 3] {
+    let pick = |f: &dyn Fn(&Slo) -> Vec<Option<Duration>>| {
+        let mut v: Vec<f64> = config
+            .routes
+            .iter()
+            .filter_map(|r| r.slo.as_ref())
+            .flat_map(f)
+            .flatten()
+            .map(|d| d.as_secs_f64())
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v.dedup();
+        v
+    };
+    [
+        pick(&|s| vec![s.ttft]),
+        pick(&|s| vec![s.tpot, s.max_itl]),
+        pick(&|s| vec![s.e2e]),
+    ]
+}
+
+fn counter(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    IntCounterVec::new(Opts::new(name, help), labels).expect("counter definition is valid")
+}
+
+fn register(registry: &Registry, collector: impl Collector + Clone + 'static) {
+    registry
+        .register(Box::new(collector))
+        .expect("metric names are unique");
+}
+
+impl Metrics {
+    /// Builds and registers every family for this configuration.
+    pub(crate) fn new(config: &Config) -> Metrics {
+        let rm = &["route", "model"];
+        let m = Metrics {
+            registry: Registry::new(),
+            requests: counter(
+                "tokenmeter_requests_total",
+                "Finished requests by outcome (ok, error, client_error, cancelled).",
+                &["route", "model", "outcome"],
+            ),
+            histograms: RwLock::new(Arc::new(Histograms::new(thresholds(config)))),
+            output_tokens_total: counter(
+                "tokenmeter_output_tokens_total",
+                "Output tokens of finished requests.",
+                rm,
+            ),
+            prompt_tokens_total: counter(
+                "tokenmeter_prompt_tokens_total",
+                "Prompt tokens of finished requests whose response reported usage.",
+                rm,
+            ),
+            finish_reasons: counter(
+                "tokenmeter_finish_reasons_total",
+                "Why generation stopped, as the server reported it.",
+                &["route", "reason"],
+            ),
+            in_flight: IntGaugeVec::new(
+                Opts::new(
+                    "tokenmeter_in_flight_requests",
+                    "Requests whose response has not ended yet.",
+                ),
+                &["route"],
+            )
+            .expect("gauge definition is valid"),
+            slo_eligible: counter(
+                "tokenmeter_slo_eligible_requests_total",
+                "Requests judged against their route's SLO (good + violated).",
+                rm,
+            ),
+            slo_good: counter(
+                "tokenmeter_slo_good_requests_total",
+                "Requests that met every criterion of their route's SLO.",
+                rm,
+            ),
+            slo_violations: counter(
+                "tokenmeter_slo_violations_total",
+                "Failed SLO criteria (ttft, tpot, e2e, max_itl, error); a request may fail several.",
+                &["route", "model", "criterion"],
+            ),
+            slo_good_output_tokens: counter(
+                "tokenmeter_slo_good_output_tokens_total",
+                "Output tokens of requests that met their SLO (token goodput).",
+                rm,
+            ),
+            slo_objective: GaugeVec::new(
+                Opts::new(
+                    "tokenmeter_slo_objective_ratio",
+                    "The fraction of requests a route promises to be good.",
+                ),
+                &["route"],
+            )
+            .expect("gauge definition is valid"),
+            slo_threshold: GaugeVec::new(
+                Opts::new(
+                    "tokenmeter_slo_threshold_seconds",
+                    "A route's SLO threshold per criterion.",
+                ),
+                &["route", "criterion"],
+            )
+            .expect("gauge definition is valid"),
+            config_reloads: counter(
+                "tokenmeter_config_reloads_total",
+                "Configuration reloads by result (success, error).",
+                &["result"],
+            ),
+            config_last_success: Gauge::new(
+                "tokenmeter_config_last_reload_success_timestamp_seconds",
+                "When the running configuration was loaded (Unix time).",
+            )
+            .expect("gauge definition is valid"),
+            access_log_dropped: IntCounter::new(
+                "tokenmeter_access_log_dropped_total",
+                "Per-request records dropped because the writer could not keep up.",
+            )
+            .expect("counter definition is valid"),
+            models: RwLock::new(Arc::new(ModelLabels::new(config))),
+        };
+        let build_info = IntGaugeVec::new(
+            Opts::new(
+                "tokenmeter_build_info",
+                "The running tokenmeter's version; always 1.",
+            ),
+            &["version"],
+        )
+        .expect("gauge definition is valid");
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+        let r = &m.registry;
+        register(r, m.requests.clone());
+        for h in m.histograms().collectors() {
+            register(r, h.clone());
+        }
+        register(r, m.output_tokens_total.clone());
+        register(r, m.prompt_tokens_total.clone());
+        register(r, m.finish_reasons.clone());
+        register(r, m.in_flight.clone());
+        register(r, m.slo_eligible.clone());
+        register(r, m.slo_good.clone());
+        register(r, m.slo_violations.clone());
+        register(r, m.slo_good_output_tokens.clone());
+        register(r, m.slo_objective.clone());
+        register(r, m.slo_threshold.clone());
+        register(r, m.config_reloads.clone());
+        register(r, m.config_last_success.clone());
+        register(r, m.access_log_dropped.clone());
+        register(r, build_info);
+        for result in ["success", "error"] {
+            m.config_reloads.with_label_values(&[result]);
+        }
+        m.publish_config(config);
+        #[cfg(target_os = "linux")]
+        {
+            let process = prometheus::process_collector::ProcessCollector::for_self();
+            // Process metrics are a convenience; a platform that cannot read them keeps serving.
+            let _ = m.registry.register(Box::new(process));
+        }
+        m
+    }
+
+    fn histograms(&self) -> Arc<Histograms> {
+        self.histograms
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Applies a reloaded configuration: SLO gauges, the model-label policy, and new histogram
+    /// families when the thresholds moved (requests in flight finish into the old ones).
+    pub(crate) fn reconfigure(&self, config: &Config) {
+        let wanted = thresholds(config);
+        let current = self.histograms();
+        if current.thresholds != wanted {
+            let next = Arc::new(Histograms::new(wanted));
+            for (old, new) in current.collectors().into_iter().zip(next.collectors()) {
+                let _ = self.registry.unregister(Box::new(old.clone()));
+                register(&self.registry, new.clone());
+            }
+            *self.histograms.write().unwrap_or_else(|p| p.into_inner()) = next;
+        }
+        let models = ModelLabels::new(config);
+        let mut current = self.models.write().unwrap_or_else(|p| p.into_inner());
+        if !current.same_policy(&models) {
+            *current = Arc::new(models);
+        }
+        drop(current);
+        self.publish_config(config);
+    }
+
+    /// Counts a reload attempt.
+    pub(crate) fn count_reload(&self, ok: bool) {
+        self.config_reloads
+            .with_label_values(&[if ok { "success" } else { "error" }])
+            .inc();
+        if ok {
+            self.mark_loaded();
+        }
+    }
+
+    fn mark_loaded(&self) {
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        self.config_last_success.set(now.as_secs_f64());
+    }
+
+    /// Sets the objective and threshold gauges from the configuration's routes.
+    fn publish_config(&self, config: &Config) {
+        self.mark_loaded();
+        self.slo_objective.reset();
+        self.slo_threshold.reset();
+        for route in &config.routes {
+            let Some(slo) = &route.slo else { continue };
+            if let Some(objective) = slo.objective {
+                self.slo_objective
+                    .with_label_values(&[&route.name])
+                    .set(objective);
+            }
+            for (criterion, threshold) in [
+                (Criterion::Ttft, slo.ttft),
+                (Criterion::Tpot, slo.tpot),
+                (Criterion::E2e, slo.e2e),
+                (Criterion::MaxItl, slo.max_itl),
+            ] {
+                if let Some(t) = threshold {
+                    self.slo_threshold
+                        .with_label_values(&[&route.name, criterion.as_str()])
+                        .set(t.as_secs_f64());
+                }
+            }
+        }
+    }
+
+    /// Counts a request in flight on its route until the returned guard is dropped.
+    pub(crate) fn in_flight(&self, route: &str) -> InFlight {
+        let gauge = self.in_flight.with_label_values(&[route]);
+        gauge.inc();
+        InFlight { gauge }
+    }
+
+    /// The route's in-flight count now.
+    pub(crate) fn in_flight_now(&self, route: &str) -> i64 {
+        self.in_flight.with_label_values(&[route]).get()
+    }
+
+    /// Resolves one request's handles.
+    pub(crate) fn request(&self, route: Arc<str>, model: Option<&str>) -> RequestMetrics {
+        let model = self
+            .models
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .label(model);
+        let h = self.histograms();
+        let labels = [&*route, &*model];
+        RequestMetrics {
+            ttfb: h.ttfb.with_label_values(&labels),
+            ttft: h.ttft.with_label_values(&labels),
+            ttfc: h.ttfc.with_label_values(&labels),
+            tpot: h.tpot.with_label_values(&labels),
+            itl: h.itl.with_label_values(&labels),
+            duration: h.duration.with_label_values(&labels),
+            output_tokens: h.output_tokens.with_label_values(&labels),
+            output_tokens_total: self.output_tokens_total.with_label_values(&labels),
+            prompt_tokens_total: self.prompt_tokens_total.with_label_values(&labels),
+            slo_eligible: self.slo_eligible.with_label_values(&labels),
+            slo_good: self.slo_good.with_label_values(&labels),
+            slo_good_output_tokens: self.slo_good_output_tokens.with_label_values(&labels),
+            route,
+            model,
+        }
+    }
+
+    /// Counts a finished request by outcome.
+    pub(crate) fn count_request(&self, route: &str, model: &str, outcome: &str) {
+        self.requests
+            .with_label_values(&[route, model, outcome])
+            .inc();
+    }
+
+    /// Counts a failed SLO criterion.
+    pub(crate) fn count_violation(&self, route: &str, model: &str, criterion: Criterion) {
+        self.slo_violations
+            .with_label_values(&[route, model, criterion.as_str()])
+            .inc();
+    }
+
+    /// Counts a finish reason.
+    pub(crate) fn count_finish_reason(&self, route: &str, reason: &str) {
+        self.finish_reasons
+            .with_label_values(&[route, reason])
+            .inc();
+    }
+
+    /// The Prometheus text exposition of every family.
+    pub(crate) fn render(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(16 * 1024);
+        // Encoding into a Vec cannot fail for well-formed families.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        out
+    }
+}
+
+/// Turns a client-chosen model name into a bounded label, so a client's typo cannot create
+/// series forever: with `models` configured, those names get their own label; otherwise the
+/// first `model_label_limit` distinct names do. Everything else is `other`.
+pub(crate) struct ModelLabels {
+    listed: Option<Vec<Arc<str>>>,
+    limit: usize,
+    seen: Mutex<Vec<Arc<str>>>,
+    unknown: Arc<str>,
+    other: Arc<str>,
+}
+
+impl ModelLabels {
+    pub(crate) fn new(config: &Config) -> Self {
+        ModelLabels {
+            listed: config
+                .models
+                .as_ref()
+                .map(|names| names.iter().map(|n| Arc::from(n.as_str())).collect()),
+            limit: config.model_label_limit,
+            seen: Mutex::new(Vec::new()),
+            unknown: Arc::from(UNKNOWN_MODEL),
+            other: Arc::from(OTHER_MODEL),
+        }
+    }
+
+    fn same_policy(&self, other: &ModelLabels) -> bool {
+        self.listed == other.listed && self.limit == other.limit
+    }
+
+    /// The label for a request's model; called once per request.
+    pub(crate) fn label(&self, model: Option<&str>) -> Arc<str> {
+        let Some(model) = model.filter(|m| !m.is_empty()) else {
+            return self.unknown.clone();
+        };
+        if let Some(listed) = &self.listed {
+            return listed
+                .iter()
+                .find(|l| ***l == *model)
+                .cloned()
+                .unwrap_or_else(|| self.other.clone());
+        }
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(known) = seen.iter().find(|s| ***s == *model) {
+            return known.clone();
+        }
+        if seen.len() >= self.limit || model == OTHER_MODEL || model == UNKNOWN_MODEL {
+            return self.other.clone();
+        }
+        let label: Arc<str> = Arc::from(model);
+        seen.push(label.clone());
+        label
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_labels_are_bounded() {
+        let mut config = Config {
+            model_label_limit: 2,
+            ..Config::default()
+        };
+        let labels = ModelLabels::new(&config);
+        assert_eq!(&*labels.label(Some("a")), "a");
+        assert_eq!(&*labels.label(Some("b")), "b");
+        assert_eq!(&*labels.label(Some("c")), "other");
+        assert_eq!(&*labels.label(Some("a")), "a");
+        assert_eq!(&*labels.label(None), "unknown");
+        assert_eq!(&*labels.label(Some("")), "unknown");
+        config.models = Some(vec!["x".into(), "y".into()]);
+        let listed = ModelLabels::new(&config);
+        assert_eq!(&*listed.label(Some("y")), "y");
+        assert_eq!(&*listed.label(Some("a")), "other");
+    }
+
+    #[test]
+    fn a_reload_that_moves_thresholds_rebuilds_the_buckets_and_keeps_counters() {
+        let one =
+            Config::parse("routes:\n  - name: a\n    slo: {ttft: 333ms}\n", "t.yaml").unwrap();
+        let two =
+            Config::parse("routes:\n  - name: a\n    slo: {ttft: 444ms}\n", "t.yaml").unwrap();
+        let m = Metrics::new(&one);
+        m.count_request("a", "x", "ok");
+        let old = m.request(Arc::from("a"), Some("x"));
+        m.reconfigure(&two);
+        // A request that started before the reload finishes into the old family, unseen.
+        old.ttft.observe(0.1);
+        m.request(Arc::from("a"), Some("x")).ttft.observe(0.4);
+        let text = String::from_utf8(m.render()).unwrap();
+        assert!(text.contains("le=\"0.444\""), "{text}");
+        assert!(!text.contains("le=\"0.333\""), "{text}");
+        assert!(text
+            .contains("tokenmeter_time_to_first_token_seconds_count{model=\"x\",route=\"a\"} 1"));
+        assert!(
+            text.contains("tokenmeter_requests_total{model=\"x\",outcome=\"ok\",route=\"a\"} 1")
+        );
+        assert!(
+            text.contains("tokenmeter_slo_threshold_seconds{criterion=\"ttft\",route=\"a\"} 0.444")
+        );
+        m.count_reload(false);
+        let text = String::from_utf8(m.render()).unwrap();
+        assert!(text.contains("tokenmeter_config_reloads_total{result=\"error\"} 1"));
+    }
+
+    #[test]
+    fn configured_thresholds_are_bucket_bounds_exactly() {
+        let config = Config::parse(
+            "routes:\n  - name: a\n    slo: {ttft: 333ms, tpot: 37ms, e2e: 7s, max_itl: 2s, objective: 0.995}\n",
+            "t.yaml",
+        )
+        .unwrap();
+        let m = Metrics::new(&config);
+        let r = m.request(Arc::from("a"), Some("x"));
+        r.ttft.observe(0.333);
+        r.tpot.observe(0.037);
+        r.duration.observe(7.0);
+        let text = String::from_utf8(m.render()).unwrap();
+        for line in [
+            "tokenmeter_time_to_first_token_seconds_bucket{model=\"x\",route=\"a\",le=\"0.333\"} 1",
+            "tokenmeter_time_per_output_token_seconds_bucket{model=\"x\",route=\"a\",le=\"0.037\"} 1",
+            "tokenmeter_inter_token_latency_seconds_bucket{model=\"x\",route=\"a\",le=\"2\"} 0",
+            "tokenmeter_request_duration_seconds_bucket{model=\"x\",route=\"a\",le=\"7\"} 1",
+            "tokenmeter_slo_objective_ratio{route=\"a\"} 0.995",
+            "tokenmeter_slo_threshold_seconds{criterion=\"ttft\",route=\"a\"} 0.333",
+            "tokenmeter_slo_threshold_seconds{criterion=\"max_itl\",route=\"a\"} 2",
+        ] {
+            assert!(text.contains(line), "missing {line}\n{text}");
+        }
+        assert_eq!(
+            with_thresholds(&[0.1, 0.3], &[0.3, 0.2, f64::NAN]),
+            vec![0.1, 0.2, 0.3]
+        );
+    }
+
+    #[test]
+    fn exposition_names_every_family() {
+        let m = Metrics::new(&Config::default());
+        let r = m.request(Arc::from("default"), Some("llama"));
+        r.ttft.observe(0.2);
+        m.count_request("default", "llama", "ok");
+        let _g = m.in_flight("default");
+        let text = String::from_utf8(m.render()).unwrap();
+        for name in [
+            "tokenmeter_requests_total{model=\"llama\",outcome=\"ok\",route=\"default\"} 1",
+            "tokenmeter_time_to_first_token_seconds_bucket{model=\"llama\",route=\"default\",le=\"0.2\"} 1",
+            "tokenmeter_in_flight_requests{route=\"default\"} 1",
+            "tokenmeter_build_info{version=",
+        ] {
+            assert!(text.contains(name), "missing {name} in\n{text}");
+        }
+    }
+}

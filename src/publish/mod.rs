@@ -1,0 +1,8 @@
+//! Floor 4, `publish`: where finished requests go. [`metrics`] is the Prometheus registry and
+//! the per-request handles into it, [`live`] the admin page's rolling windows (with its
+//! percentile sketch and time rings in files of their own), and [`record`] the per-request
+//! record (JSONL or CSV) written off the request path.
+
+pub(crate) mod live;
+pub(crate) mod metrics;
+pub(crate) mod record;

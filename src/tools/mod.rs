@@ -1,0 +1,13 @@
+//! Floor 7, `tools`: the subcommands around the proxy. They use the crate's public API only
+//! (what `lib.rs` exports), never a floor's internals, and nothing below uses them.
+//!
+//! [`sim`] is a simulated inference server, [`bench`](mod@bench) a load generator, [`demo`] both with the
+//! proxy between them, [`rules`] turns SLOs into Prometheus rules, [`inject`] adds the sidecar
+//! to Kubernetes YAML; [`cli`] is what every subcommand shares.
+
+pub mod bench;
+pub mod cli;
+pub mod demo;
+pub mod inject;
+pub mod rules;
+pub mod sim;
