@@ -38,6 +38,8 @@ pub struct Config {
     /// Without `models`, how many distinct model names get a label before the rest are `other`.
     pub model_label_limit: usize,
     pub stream: StreamLimits,
+    /// Bounds on connections and what each may hold.
+    pub limits: Limits,
     pub reload: Reload,
     /// What one replica (the pod: model server and sidecar) costs; absent means no cost rules.
     pub cost: Option<Cost>,
@@ -54,6 +56,36 @@ pub struct Cost {
     /// An ISO 4217 code, like USD or EUR; it becomes the `currency` label of the cost series.
     #[serde(deserialize_with = "currency")]
     pub currency: String,
+}
+
+/// Bounds on connections: how many, and what each may hold in memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Client connections open at once; one more is answered 503 and closed. `0` (the default)
+    /// derives it from the process's file-descriptor limit: half of what is left after a
+    /// reserve, since each client connection may hold an upstream connection too.
+    pub max_connections: usize,
+    /// The largest request head (request line and headers) a client may send; a larger one is
+    /// answered 431. Also hyper's per-connection read and write buffer.
+    pub max_request_head_bytes: usize,
+    /// A request body up to this size is kept until the response head arrives, so that a request
+    /// whose reused upstream connection died before answering can be sent again on a fresh one.
+    /// Larger bodies are not retried.
+    pub retry_body_bytes: usize,
+    /// HTTP/2 streams one client connection may have open at once.
+    pub max_concurrent_streams: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: 0,
+            max_request_head_bytes: 64 << 10,
+            retry_body_bytes: 1 << 20,
+            max_concurrent_streams: 128,
+        }
+    }
 }
 
 /// Bounds on reading response streams.
@@ -102,6 +134,7 @@ impl Default for Config {
             models: None,
             model_label_limit: DEFAULT_MODEL_LABEL_LIMIT,
             stream: StreamLimits::default(),
+            limits: Limits::default(),
             reload: Reload::default(),
             cost: None,
         }
@@ -207,6 +240,25 @@ pub struct Timeouts {
     /// After SIGTERM, how long in-flight streams may go on before the process exits anyway.
     #[serde(deserialize_with = "duration")]
     pub drain: Duration,
+    /// For a client to send a complete request head, counted from when its connection is ready
+    /// for one: a connection that sends nothing, a partial head, an incomplete HTTP/2 preface,
+    /// and an HTTP/1.1 keep-alive connection idle this long are closed.
+    #[serde(deserialize_with = "duration")]
+    pub request_head: Duration,
+    /// An HTTP/2 connection with no request in progress this long is closed (GOAWAY).
+    #[serde(deserialize_with = "duration")]
+    pub client_idle: Duration,
+    /// While the client uploads its request body, the longest pause between two of its pieces;
+    /// past it the client gets 408 and the request is the client's fault.
+    #[serde(deserialize_with = "duration")]
+    pub request_body: Duration,
+    /// Once the response has started, the longest the upstream may send nothing; past it the
+    /// client's response ends as an error and the request is `error` (Envoy's
+    /// `stream_idle_timeout`). Real engines send a token every few ms to a few s, and an SSE
+    /// comment or a token at least every minute even while a reasoning model thinks; five
+    /// minutes is far beyond any of them and still frees a hung stream.
+    #[serde(deserialize_with = "duration")]
+    pub idle: Duration,
 }
 
 impl Default for Timeouts {
@@ -215,6 +267,10 @@ impl Default for Timeouts {
             connect: Duration::from_secs(5),
             response_head: Duration::from_secs(300),
             drain: Duration::from_secs(30),
+            request_head: Duration::from_secs(30),
+            client_idle: Duration::from_secs(75),
+            request_body: Duration::from_secs(30),
+            idle: Duration::from_secs(300),
         }
     }
 }
@@ -418,6 +474,33 @@ impl Config {
                 "model_label_limit: {} would let clients create too many series; keep it under 1000",
                 self.model_label_limit
             ));
+        }
+        for (field, value) in [
+            ("timeouts.request_head", self.timeouts.request_head),
+            ("timeouts.client_idle", self.timeouts.client_idle),
+            ("timeouts.request_body", self.timeouts.request_body),
+            ("timeouts.idle", self.timeouts.idle),
+        ] {
+            if value.is_zero() {
+                return Err(format!(
+                    "{field}: 0s would end every connection or request at once; give a positive duration"
+                ));
+            }
+        }
+        if !(8 << 10..=1 << 20).contains(&self.limits.max_request_head_bytes) {
+            return Err(format!(
+                "limits.max_request_head_bytes: {} is outside 8192..1048576",
+                self.limits.max_request_head_bytes
+            ));
+        }
+        if self.limits.retry_body_bytes > 16 << 20 {
+            return Err(format!(
+                "limits.retry_body_bytes: {} would hold too much per request; keep it at most 16777216",
+                self.limits.retry_body_bytes
+            ));
+        }
+        if self.limits.max_concurrent_streams == 0 {
+            return Err("limits.max_concurrent_streams: 0 would refuse every HTTP/2 request".to_string());
         }
         if self.listen == self.admin && self.listen.port() != 0 {
             return Err(format!(
