@@ -5,43 +5,55 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 
 use super::generation::{Generation, Generations};
-use super::listener::{accept, Health};
+use super::connection;
+use super::listener::{self, Health};
 use crate::publish::live::{self, RouteView};
 
 const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-/// Serves the admin endpoints until the task is aborted.
+/// Serves the admin endpoints until the task is aborted, with the client listener's timeouts
+/// and limits of its own: a scraper and probes need few connections and small heads.
 pub(crate) async fn serve(
     listener: TcpListener,
     generations: Arc<Generations>,
     health: Arc<Health>,
+    request_head: Duration,
+    client_idle: Duration,
 ) {
-    let builder = auto::Builder::new(TokioExecutor::new());
-    loop {
-        let stream = accept(&listener).await;
+    let limits = connection::Limits {
+        request_head,
+        client_idle,
+        max_head_bytes: 16 << 10,
+        max_streams: 16,
+    };
+    // The admin port serves through the drain (so /readyz can say 503) until aborted.
+    let (_never, shutdown) = watch::channel(false);
+    let make = move |_conn| {
         let (generations, health) = (generations.clone(), health.clone());
-        let service = service_fn(move |req| {
+        service_fn(move |req| {
             let response = respond(&req, &generations.current(), &health);
             async move { Ok::<_, Infallible>(response) }
-        });
-        let connection = builder
-            .serve_connection(TokioIo::new(stream), service)
-            .into_owned();
-        tokio::spawn(async move {
-            let _ = connection.await;
-        });
-    }
+        })
+    };
+    let _ = listener::serve_listener(
+        listener,
+        listener::ADMIN_MAX_CONNECTIONS,
+        limits,
+        make,
+        shutdown,
+    )
+    .await;
 }
 
 fn respond(

@@ -1,10 +1,17 @@
-//! Accepting connections, for every listener (the client one, admin, and the simulator's), and
-//! whether the proxy takes new work.
+//! Accepting connections: the client and admin listeners' accept loop, with a cap on open
+//! connections answered by a clear 503, rate-limited warnings instead of a log line per failed
+//! `accept`, and the drain at shutdown; whether the proxy takes new work; and the plain
+//! [`accept`] the simulator uses.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use super::connection;
 
 /// Whether the proxy takes new work; `/readyz` reports it.
 #[derive(Default)]
@@ -47,5 +54,166 @@ pub async fn accept(listener: &TcpListener) -> TcpStream {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
+    }
+}
+
+/// Client connections open at once when the configuration does not say: half of the file
+/// descriptors left after a reserve (each client connection may hold an upstream connection
+/// too), so the proxy refuses clearly before the system refuses it `accept`.
+pub(crate) fn connection_cap(configured: usize) -> usize {
+    if configured > 0 {
+        return configured;
+    }
+    let soft = std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|limits| {
+            limits
+                .lines()
+                .find(|l| l.starts_with("Max open files"))
+                .and_then(|l| l.split_whitespace().nth(3))
+                .and_then(|n| n.parse::<usize>().ok())
+        })
+        .unwrap_or(1024);
+    (soft.saturating_sub(FD_RESERVE) / 2).clamp(16, 1 << 20)
+}
+
+/// File descriptors kept for everything but client connections: the listeners, the record's
+/// file, the runtime, the admin port's own connections.
+const FD_RESERVE: usize = 64 + ADMIN_MAX_CONNECTIONS;
+/// The admin port's connection cap: a scraper, probes and a person or two.
+pub(crate) const ADMIN_MAX_CONNECTIONS: usize = 64;
+/// Refusals being written at once; past it an over-limit connection is closed without a word.
+const MAX_REFUSING: usize = 64;
+/// How often a repeated warning (refusals, accept errors) is logged, with its count.
+const WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// What an over-limit client reads before its connection closes.
+const REFUSAL: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\nretry-after: 1\r\ncontent-length: 113\r\n\r\n{\"error\":{\"type\":\"too_many_connections\",\"message\":\"the proxy's connection limit is reached\",\"source\":\"tokenmeter\"}}";
+
+/// A warning logged at most every [`WARN_EVERY`], with how many times it happened.
+struct Throttled {
+    what: &'static str,
+    last: Option<tokio::time::Instant>,
+    count: u64,
+}
+
+impl Throttled {
+    fn new(what: &'static str) -> Self {
+        Throttled {
+            what,
+            last: None,
+            count: 0,
+        }
+    }
+
+    fn hit(&mut self, detail: &dyn std::fmt::Display) {
+        self.count += 1;
+        let now = tokio::time::Instant::now();
+        if self
+            .last
+            .is_none_or(|last| now.saturating_duration_since(last) >= WARN_EVERY)
+        {
+            tracing::warn!(count = self.count, "{}: {detail}", self.what);
+            self.last = Some(now);
+            self.count = 0;
+        }
+    }
+}
+
+/// Accepts connections until `shutdown` turns true, serving each with [`connection::serve`] and
+/// at most `max_connections` at once; returns the connections still open, for the drain.
+pub(crate) async fn serve_listener<S, B, F>(
+    listener: TcpListener,
+    max_connections: usize,
+    limits: connection::Limits,
+    make: F,
+    mut shutdown: watch::Receiver<bool>,
+) -> JoinSet<()>
+where
+    F: Fn(Arc<connection::ConnState>) -> S + Send + Sync + 'static,
+    S: hyper::service::Service<http::Request<hyper::body::Incoming>, Response = http::Response<B>>
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let make = Arc::new(make);
+    let mut connections = JoinSet::new();
+    let refusing = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut refused = Throttled::new("connection limit reached; refusing new connections with 503");
+    let mut accept_failed = Throttled::new("accept failed");
+    loop {
+        tokio::select! {
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    if let Err(e) = stream.set_nodelay(true) {
+                        tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+                    }
+                    if connections.len() >= max_connections {
+                        refused.hit(&format_args!("{max_connections} open"));
+                        refuse(stream, &refusing);
+                        continue;
+                    }
+                    let make = make.clone();
+                    let shutdown = shutdown.clone();
+                    connections.spawn(connection::serve(
+                        stream,
+                        limits,
+                        move |conn| make(conn),
+                        shutdown,
+                    ));
+                }
+                Err(e) => {
+                    accept_failed.hit(&e);
+                    // Out of file descriptors, the error repeats at once: wait a little.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            changed = shutdown.changed() => {
+                if changed.is_err() || *shutdown.borrow() {
+                    break;
+                }
+            }
+        }
+    }
+    connections
+}
+
+/// Answers an over-limit connection with a 503 and closes it, within a second; past
+/// [`MAX_REFUSING`] refusals at once it is closed without a word.
+fn refuse(mut stream: TcpStream, refusing: &Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::Ordering::Relaxed;
+    if refusing.fetch_add(1, Relaxed) >= MAX_REFUSING {
+        refusing.fetch_sub(1, Relaxed);
+        return;
+    }
+    let refusing = refusing.clone();
+    tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt;
+        let _ = tokio::time::timeout(Duration::from_secs(1), async {
+            stream.write_all(REFUSAL).await?;
+            stream.shutdown().await
+        })
+        .await;
+        refusing.fetch_sub(1, Relaxed);
+    });
+}
+
+/// Waits for the connections to finish their in-flight responses (they were asked to close
+/// gracefully), up to `deadline`; whatever is still open then is cut.
+pub(crate) async fn drain(mut connections: JoinSet<()>, deadline: Duration) {
+    tracing::info!(deadline = %humantime::format_duration(deadline), open = connections.len(), "draining: listener closed, waiting for in-flight responses");
+    let all_done = async { while connections.join_next().await.is_some() {} };
+    if tokio::time::timeout(deadline, all_done).await.is_ok() {
+        tracing::info!("drained");
+    } else {
+        tracing::warn!(
+            open = connections.len(),
+            "drain deadline passed; cutting the connections still open"
+        );
+        connections.shutdown().await;
     }
 }

@@ -6,6 +6,7 @@
 //! configuration in force and its reload; [`error`] is the one place errors become HTTP.
 
 pub(crate) mod admin;
+pub(crate) mod connection;
 pub(crate) mod error;
 pub(crate) mod forward;
 pub(crate) mod generation;

@@ -9,17 +9,15 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::JoinHandle;
 
 use super::admin;
 use super::generation::{Generations, Overrides, Reloaded};
-use super::listener::{accept, Health};
+use super::connection;
+use super::listener::{self, Health};
 use super::service::Proxy;
 use crate::config::{Config, ConfigError};
 
@@ -103,6 +101,7 @@ pub async fn start(
         .local_addr()
         .map_err(|e| StartError(e.to_string()))?;
     let watch_interval = config.reload.watch_interval;
+    let config_timeouts = config.timeouts;
     let upstream = config.upstream.clone();
     let generations = Arc::new(
         Generations::new(config, source, overrides)
@@ -115,6 +114,8 @@ pub async fn start(
         admin_listener,
         generations.clone(),
         health.clone(),
+        config_timeouts.request_head,
+        config_timeouts.client_idle,
     ));
     let watch_task = tokio::spawn(generations.clone().watch(watch_interval));
     let task = tokio::spawn(accept_loop(
@@ -136,44 +137,32 @@ pub async fn start(
     })
 }
 
+/// The client listener's connection settings from a configuration.
+fn client_limits(config: &Config) -> connection::Limits {
+    connection::Limits {
+        request_head: config.timeouts.request_head,
+        client_idle: config.timeouts.client_idle,
+        max_head_bytes: config.limits.max_request_head_bytes,
+        max_streams: config.limits.max_concurrent_streams,
+    }
+}
+
 async fn accept_loop(
     listener: TcpListener,
     proxy: Proxy,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
     generations: Arc<Generations>,
 ) {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new());
-    builder.http2().timer(TokioTimer::new());
-    let graceful = GracefulShutdown::new();
-    // Connection tasks are kept so the drain deadline can cut them; finished ones are reaped
-    // as the loop goes, so the set holds only open connections.
-    let mut connections = JoinSet::new();
-    loop {
-        tokio::select! {
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
-            stream = accept(&listener) => {
-                let service = TowerToHyperService::new(proxy.clone());
-                let connection = builder.serve_connection(TokioIo::new(stream), service).into_owned();
-                let connection = graceful.watch(connection);
-                connections.spawn(async move {
-                    if let Err(e) = connection.await {
-                        tracing::debug!(error = %e, "client connection ended with an error");
-                    }
-                });
-            }
-            _ = shutdown.changed() => break,
-        }
-    }
-    drop(listener);
+    let config = generations.config();
+    let cap = listener::connection_cap(config.limits.max_connections);
+    let connections = listener::serve_listener(
+        listener,
+        cap,
+        client_limits(&config),
+        move |_conn| TowerToHyperService::new(proxy.clone()),
+        shutdown,
+    )
+    .await;
     // The drain deadline in force when shutdown begins, reloads included.
-    let drain = generations.config().timeouts.drain;
-    tracing::info!(deadline = %humantime::format_duration(drain), "draining: listener closed, waiting for in-flight responses");
-    tokio::select! {
-        _ = graceful.shutdown() => tracing::info!("drained"),
-        _ = tokio::time::sleep(drain) => {
-            tracing::warn!(open = connections.len(), "drain deadline passed; cutting the connections still open");
-        }
-    }
-    connections.shutdown().await;
+    listener::drain(connections, generations.config().timeouts.drain).await;
 }
