@@ -15,8 +15,8 @@ use hyper::service::service_fn;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use super::generation::{Generation, Generations};
 use super::connection;
+use super::generation::{Generation, Generations};
 use super::listener::{self, Health};
 use crate::publish::live::{self, RouteView};
 

@@ -259,10 +259,7 @@ impl AsyncWrite for Prefixed {
         Pin::new(&mut self.stream).poll_flush(cx)
     }
 
-    fn poll_shutdown(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<std::io::Result<()>> {
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.stream).poll_shutdown(cx)
     }
 }
@@ -406,6 +403,11 @@ async fn drive<C: Graceful>(
         }
     };
     tokio::pin!(watch_idle);
+    // After an idle or abuse GOAWAY, how long the client has to finish what it had in flight;
+    // a client that never acknowledges the GOAWAY's PING would otherwise keep it open.
+    let grace = tokio::time::sleep(Duration::MAX);
+    tokio::pin!(grace);
+    let mut graced = false;
     loop {
         tokio::select! {
             ended = connection.as_mut() => {
@@ -418,6 +420,17 @@ async fn drive<C: Graceful>(
                 tracing::debug!("closing an idle or abusive HTTP/2 connection");
                 connection.as_mut().close_gracefully();
                 closing = true;
+                graced = true;
+                let idle = idle.unwrap_or(Duration::ZERO);
+                grace.as_mut().reset(Instant::now() + idle);
+            }
+            () = &mut grace, if graced => {
+                if conn.active.load(Ordering::Relaxed) == 0 {
+                    tracing::debug!("the client did not close after GOAWAY; dropping the connection");
+                    return;
+                }
+                let idle = idle.unwrap_or(Duration::ZERO);
+                grace.as_mut().reset(Instant::now() + idle);
             }
             changed = shutdown.changed(), if !closing => {
                 if changed.is_err() || *shutdown.borrow() {

@@ -15,8 +15,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::admin;
-use super::generation::{Generations, Overrides, Reloaded};
 use super::connection;
+use super::generation::{Generations, Overrides, Reloaded};
 use super::listener::{self, Health};
 use super::service::Proxy;
 use crate::config::{Config, ConfigError};
