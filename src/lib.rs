@@ -30,7 +30,7 @@ pub mod tools;
 pub use config::{
     parse_duration, AccessLog, Config, ConfigError, Cost, LogFormat, LogPath, Route, Upstream,
 };
-pub use measure::{Meter, Recorder, TimedBody};
+pub use measure::{Meter, Recorder, TimedBody, TimedBodyError};
 pub use parse::{
     detect, Dialect, FinishReason, FrameEvents, Framing, ModelScanner, Scan, StreamReader,
     StreamSummary, MAX_EVENT_TYPE_BYTES,

@@ -31,7 +31,7 @@ use tokenmeter::TimedBody;
 use tokenmeter::{
     Dialect, FrameEvents, Framing, StreamReader, StreamSummary, MAX_EVENT_TYPE_BYTES,
 };
-use tokenmeter::{Meter, Recorder};
+use tokenmeter::{Meter, Recorder, TimedBodyError};
 
 /// Cases per property when `PROPTEST_CASES` is not set.
 const DEFAULT_CASES: u32 = 5000;
@@ -537,7 +537,7 @@ fn forward(
         frames: frames.iter().cloned().collect(),
         broken: ending == Ending::Broken,
     };
-    let mut body = TimedBody::new(upstream, recorder);
+    let mut body = TimedBody::new(upstream, recorder, None);
     let waker = Waker::from(Arc::new(Never));
     let mut cx = Context::from_waker(&waker);
     let mut got = Vec::new();
@@ -551,9 +551,12 @@ fn forward(
                 Ok(data) => got.push(data),
                 Err(_) => panic!("only data frames were sent"),
             },
-            Poll::Ready(Some(Err(Broken))) => {
+            Poll::Ready(Some(Err(TimedBodyError::Upstream(Broken)))) => {
                 assert_eq!(ending, Ending::Broken);
                 break;
+            }
+            Poll::Ready(Some(Err(TimedBodyError::Idle(_)))) => {
+                panic!("no idle timeout was set")
             }
             Poll::Ready(None) => break,
             Poll::Pending => panic!("the scripted body is always ready"),

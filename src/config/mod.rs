@@ -500,7 +500,9 @@ impl Config {
             ));
         }
         if self.limits.max_concurrent_streams == 0 {
-            return Err("limits.max_concurrent_streams: 0 would refuse every HTTP/2 request".to_string());
+            return Err(
+                "limits.max_concurrent_streams: 0 would refuse every HTTP/2 request".to_string(),
+            );
         }
         if self.listen == self.admin && self.listen.port() != 0 {
             return Err(format!(

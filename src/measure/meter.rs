@@ -1,6 +1,7 @@
 //! What every request of one configuration generation is measured with: its routes, its limits
 //! and the sinks it publishes to (metrics, the live view, the per-request record).
 
+use std::sync::atomic::AtomicI64;
 use std::sync::Arc;
 
 use crate::config::Config;
@@ -19,6 +20,9 @@ pub struct Meter {
     pub(crate) live: Arc<LiveStats>,
     /// Events larger than this are forwarded but not parsed.
     pub(crate) max_event_bytes: usize,
+    /// Requests in flight in the whole process, whatever their route: one per process, carried
+    /// across reloads.
+    pub(crate) in_flight_total: Arc<AtomicI64>,
 }
 
 impl Meter {
@@ -33,6 +37,7 @@ impl Meter {
             access_log: None,
             live: Default::default(),
             max_event_bytes,
+            in_flight_total: Default::default(),
         }
     }
 }

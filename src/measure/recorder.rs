@@ -11,6 +11,7 @@
 //! `record_response.rs` does): after it, every call is a no-op, so nothing can touch a request
 //! that has been published, the in-flight gauge included.
 
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -68,6 +69,53 @@ struct Active {
     /// Every inter-token gap, for the live view's ITL percentiles; merged once at finish.
     itl: GapSketch,
     bytes: u64,
+    /// Keeps the request counted in the whole process's in-flight total until it finishes.
+    _total: TotalGuard,
+    in_flight_total_at_start: i64,
+    read: Read,
+    upstream: Option<Upstreamed>,
+}
+
+/// How the response body was read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Read {
+    /// No response body reached the proxy (it answered itself, or nothing came).
+    None,
+    /// Read event by event.
+    Parsed,
+    /// Compressed (`Content-Encoding` other than identity): forwarded untouched, not read.
+    Encoded,
+    /// A framing or dialect the reader does not know: measured by bytes only.
+    Opaque,
+}
+
+impl Read {
+    fn as_str(self) -> &'static str {
+        match self {
+            Read::None => "none",
+            Read::Parsed => "parsed",
+            Read::Encoded => "encoded",
+            Read::Opaque => "opaque",
+        }
+    }
+}
+
+/// How the request reached the upstream, as the proxy tells the recorder.
+#[derive(Debug, Clone, Copy)]
+struct Upstreamed {
+    reused: bool,
+    connect: Option<Duration>,
+    handed: Option<Instant>,
+    retries: u8,
+}
+
+/// A request's place in the process-wide in-flight total.
+struct TotalGuard(Arc<AtomicI64>);
+
+impl Drop for TotalGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Recorder {
@@ -85,6 +133,8 @@ impl Recorder {
                     .into_boxed_str()
             });
         let model = ModelSlot::default();
+        let in_flight_total_at_start = meter.in_flight_total.fetch_add(1, Ordering::Relaxed) + 1;
+        let total = TotalGuard(meter.in_flight_total.clone());
         let mut active = Active {
             meter,
             candidates,
@@ -108,6 +158,10 @@ impl Recorder {
             max_itl: None,
             itl: GapSketch::default(),
             bytes: 0,
+            _total: total,
+            in_flight_total_at_start,
+            read: Read::None,
+            upstream: None,
         };
         if let Some(route) = active.meter.router.decided(&active.candidates) {
             active.take_route(route);
@@ -143,6 +197,25 @@ impl Recorder {
         }
     }
 
+    /// How the request reached the upstream: over a reused connection or a new one (and how
+    /// long connecting took), when it was handed to that connection, and after how many retries.
+    pub(crate) fn on_upstream(
+        &mut self,
+        reused: bool,
+        connect: Option<Duration>,
+        handed: Option<Instant>,
+        retries: u8,
+    ) {
+        if let Some(state) = self.state.as_mut() {
+            state.upstream = Some(Upstreamed {
+                reused,
+                connect,
+                handed,
+                retries,
+            });
+        }
+    }
+
     /// A data frame is being handed to the client at `now`.
     pub fn on_data(&mut self, data: &Bytes, now: Instant) {
         if let Some(state) = self.state.as_mut() {
@@ -167,7 +240,7 @@ impl Recorder {
 impl Drop for Recorder {
     /// A request dropped before it finished was abandoned by its client.
     fn drop(&mut self) {
-        self.finish(End::Cancelled, Instant::now());
+        self.finish(End::CLIENT_GONE, Instant::now());
     }
 }
 
@@ -200,10 +273,11 @@ impl Active {
                 .get(name)
                 .and_then(|v: &http::HeaderValue| v.to_str().ok())
         };
+        let encoding = header(http::header::CONTENT_ENCODING);
         let (framing, dialect) = parse::detect(
             &self.path,
             header(http::header::CONTENT_TYPE),
-            header(http::header::CONTENT_ENCODING),
+            encoding,
             pinned,
         );
         if status.is_success() && framing != Framing::Opaque && dialect != Dialect::Unknown {
@@ -212,14 +286,23 @@ impl Active {
                 dialect,
                 self.meter.max_event_bytes,
             ));
+            self.read = Read::Parsed;
+        } else if encoding.is_some_and(|e| !e.trim().eq_ignore_ascii_case("identity")) {
+            self.read = Read::Encoded;
+        } else {
+            self.read = Read::Opaque;
         }
-        self.resolve_handles();
+        // Only a model the upstream answered with success gets a label of its own: names
+        // from requests it refused (a typo, junk) never take a slot.
+        self.resolve_handles(status.is_success());
     }
 
-    fn resolve_handles(&mut self) -> &RequestMetrics {
+    /// The metric handles, resolved once: at the response head, or at finish when no head came.
+    /// `admit`: the model may take a new label (the upstream answered with success).
+    fn resolve_handles(&mut self, admit: bool) -> &RequestMetrics {
         if self.handles.is_none() {
             let route = self.route().name.clone();
-            let handles = self.meter.metrics.request(route, self.model.get());
+            let handles = self.meter.metrics.request(route, self.model.get(), admit);
             self.handles = Some(handles);
         }
         self.handles.as_ref().expect("set above")
@@ -259,7 +342,7 @@ impl Active {
                 self.itl.add(gap);
             }
             self.itl.add_zeros(zero_gaps);
-            let itl = &self.resolve_handles().itl;
+            let itl = &self.resolve_handles(false).itl;
             if let Some(gap) = gap {
                 itl.observe(gap.as_secs_f64());
             }
@@ -286,7 +369,7 @@ impl Active {
             );
         }
         drop(self.in_flight.take());
-        if let End::Failed(status) = end {
+        if let End::Failed { status, .. } | End::Refused { status, .. } = end {
             self.status = Some(status);
         }
         if end == End::Complete {
@@ -296,7 +379,7 @@ impl Active {
             }
         }
         let figures = self.figures(end, now);
-        self.publish(&figures);
+        self.publish(&figures, end);
     }
 
     /// Computes the request's figures as `docs/MEASUREMENT.md` defines them.
@@ -304,8 +387,9 @@ impl Active {
         let since = |t: Option<Instant>| t.map(|t| t.saturating_duration_since(self.t_start));
         let summary = self.reader.as_ref().map(StreamReader::summary);
         let outcome = match (end, self.status) {
-            (End::Cancelled, _) => Outcome::Cancelled,
-            (End::Failed(_) | End::UpstreamBroken, _) => Outcome::Error,
+            (End::Cancelled { .. }, _) => Outcome::Cancelled,
+            (End::Failed { .. } | End::UpstreamBroken | End::UpstreamIdle, _) => Outcome::Error,
+            (End::Refused { .. }, _) => Outcome::ClientError,
             (End::Complete, Some(s))
                 if s.is_server_error() || s == StatusCode::TOO_MANY_REQUESTS =>
             {
@@ -349,7 +433,7 @@ impl Active {
         }
     }
 
-    fn publish(&mut self, f: &Figures) {
+    fn publish(&mut self, f: &Figures, end: End) {
         let meter = self.meter.clone();
         let route = self.route();
         let finish_reason = self
@@ -357,7 +441,7 @@ impl Active {
             .as_ref()
             .and_then(|r| r.summary().finish_reason)
             .map(|r| r.as_str());
-        let h = self.resolve_handles();
+        let h = self.resolve_handles(false);
         let secs = |d: Duration| d.as_secs_f64();
         if let Some(d) = f.ttfb {
             h.ttfb.observe(secs(d));
@@ -385,7 +469,11 @@ impl Active {
         if let Some(reason) = finish_reason {
             meter.metrics.count_finish_reason(&h.route, reason);
         }
-        let verdict = route.slo.as_ref().map(|slo| slo::judge(slo, f));
+        // A compressed stream was not read: zero tokens there say nothing, so it is not judged.
+        let verdict = route.slo.as_ref().map(|slo| match self.read {
+            Read::Encoded if f.outcome == Outcome::Ok => Verdict::Excluded,
+            _ => slo::judge(slo, f),
+        });
         meter.live.record(
             self.t_start + f.e2e,
             &route.name,
@@ -400,7 +488,7 @@ impl Active {
                 itl: &self.itl,
             },
         );
-        let h = self.resolve_handles();
+        let h = self.resolve_handles(false);
         match &verdict {
             Some(Verdict::Good) => {
                 h.slo_eligible.inc();
@@ -416,13 +504,14 @@ impl Active {
             Some(Verdict::Excluded) | None => {}
         }
         if let Some(log) = &meter.access_log {
-            log.send(self.record(f, finish_reason, verdict.as_ref()));
+            log.send(self.record(f, end, finish_reason, verdict.as_ref()));
         }
     }
 
     fn record(
         &self,
         f: &Figures,
+        end: End,
         finish_reason: Option<&'static str>,
         verdict: Option<&Verdict>,
     ) -> Record {
@@ -461,6 +550,21 @@ impl Active {
             e2e_ms: ms(f.e2e),
             in_flight: self.in_flight_at_start,
             bytes: self.bytes,
+            in_flight_total: self.in_flight_total_at_start,
+            reason: end.reason().or(match self.read {
+                Read::Encoded => Some("encoded_stream"),
+                _ => None,
+            }),
+            read: self.read.as_str(),
+            retries: self.upstream.map_or(0, |u| u.retries),
+            upstream_conn: self
+                .upstream
+                .map(|u| if u.reused { "reused" } else { "new" }),
+            connect_ms: self.upstream.and_then(|u| u.connect).map(ms),
+            proxy_ms: self
+                .upstream
+                .and_then(|u| u.handed)
+                .map(|h| ms(h.saturating_duration_since(self.t_start))),
         }
     }
 }
@@ -531,7 +635,13 @@ mod tests {
         let mut recorder = start(&meter);
         assert!(recorder.route_pending());
         recorder.model_slot().decide(Some("llama-3"));
-        recorder.finish(End::Failed(StatusCode::BAD_GATEWAY), Instant::now());
+        recorder.finish(
+            End::Failed {
+                status: StatusCode::BAD_GATEWAY,
+                reason: "upstream_failed",
+            },
+            Instant::now(),
+        );
         assert_eq!(gauge(&meter, "llama"), 0);
         let record = records
             .recv_timeout(Duration::from_secs(5))
@@ -572,7 +682,7 @@ mod tests {
         tokio::time::advance(Duration::from_millis(100)).await;
         recorder.on_data(&chunk("a"), Instant::now());
         tokio::time::advance(Duration::from_millis(50)).await;
-        recorder.finish(End::Cancelled, Instant::now());
+        recorder.finish(End::CLIENT_GONE, Instant::now());
         assert!(recorder.is_finished());
         tokio::time::advance(Duration::from_millis(50)).await;
         recorder.on_data(&chunk("b"), Instant::now());

@@ -6,13 +6,15 @@
 //! finishes the recorder exactly once: at the end, on an upstream error, or (through the
 //! recorder's `Drop`) when the client goes away and hyper drops the body.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
 use super::recorder::Recorder;
 use crate::policy::outcome::End;
@@ -23,46 +25,115 @@ pin_project! {
         #[pin]
         inner: B,
         recorder: Recorder,
+        // The longest the upstream may send nothing; `None`: no limit.
+        idle: Option<Duration>,
+        // When the last frame arrived (or the body started).
+        last: Instant,
+        // Armed on the first wait, moved only when it fires early.
+        timer: Option<Pin<Box<Sleep>>>,
+    }
+}
+
+/// Why a timed body ended in an error.
+#[derive(Debug)]
+pub enum TimedBodyError<E> {
+    /// The upstream body failed.
+    Upstream(E),
+    /// The upstream sent nothing for this long.
+    Idle(Duration),
+}
+
+impl<E: std::fmt::Display> std::fmt::Display for TimedBodyError<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TimedBodyError::Upstream(e) => write!(f, "the upstream response failed: {e}"),
+            TimedBodyError::Idle(after) => write!(
+                f,
+                "the upstream sent nothing for {}",
+                humantime::format_duration(*after)
+            ),
+        }
+    }
+}
+
+impl<E: std::error::Error + 'static> std::error::Error for TimedBodyError<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            TimedBodyError::Upstream(e) => Some(e),
+            TimedBodyError::Idle(_) => None,
+        }
     }
 }
 
 impl<B: Body<Data = Bytes>> TimedBody<B> {
     /// Wraps a response body; an empty one (HEAD, 204, 304) finishes the request at once,
-    /// because hyper may never poll it.
-    pub fn new(inner: B, mut recorder: Recorder) -> Self {
+    /// because hyper may never poll it. `idle` ends a body whose upstream sends nothing for that
+    /// long, as an error (`timeouts.idle`).
+    pub fn new(inner: B, mut recorder: Recorder, idle: Option<Duration>) -> Self {
+        let now = Instant::now();
         if inner.is_end_stream() {
-            recorder.finish(End::Complete, Instant::now());
+            recorder.finish(End::Complete, now);
         }
-        TimedBody { inner, recorder }
+        TimedBody {
+            inner,
+            recorder,
+            idle,
+            last: now,
+            timer: None,
+        }
     }
 }
 
 impl<B: Body<Data = Bytes>> Body for TimedBody<B> {
     type Data = Bytes;
-    type Error = B::Error;
+    type Error = TimedBodyError<B::Error>;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let mut this = self.project();
         // Timestamp only frames that are ready, never on Pending.
-        let polled = ready!(this.inner.as_mut().poll_frame(cx));
+        let polled = match this.inner.as_mut().poll_frame(cx) {
+            Poll::Ready(polled) => polled,
+            Poll::Pending => {
+                let Some(idle) = *this.idle else {
+                    return Poll::Pending;
+                };
+                // One timer per body, reset only when it fires before the idle time has passed
+                // since the last frame: frames themselves never touch it.
+                loop {
+                    let deadline = *this.last + idle;
+                    let timer = this
+                        .timer
+                        .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+                    ready!(timer.as_mut().poll(cx));
+                    if Instant::now() >= deadline {
+                        break;
+                    }
+                    timer.as_mut().reset(deadline);
+                }
+                this.recorder.finish(End::UpstreamIdle, Instant::now());
+                return Poll::Ready(Some(Err(TimedBodyError::Idle(idle))));
+            }
+        };
         let now = Instant::now();
+        *this.last = now;
         match &polled {
             Some(Ok(frame)) => {
                 if let Some(data) = frame.data_ref() {
                     this.recorder.on_data(data, now);
                 }
-                // hyper stops polling once the body says it has ended, so finish now.
-                if this.inner.is_end_stream() {
+                // hyper stops polling once the body says it has ended, so finish now; trailers
+                // are the end of a body too.
+                if frame.is_trailers() || this.inner.is_end_stream() {
                     this.recorder.finish(End::Complete, now);
                 }
             }
             Some(Err(_)) => this.recorder.finish(End::UpstreamBroken, now),
             None => this.recorder.finish(End::Complete, now),
         }
-        Poll::Ready(polled)
+        Poll::Ready(polled.map(|r| r.map_err(TimedBodyError::Upstream)))
     }
 
     fn is_end_stream(&self) -> bool {
@@ -118,7 +189,7 @@ mod tests {
             steps: steps.into(),
             sleep: None,
         };
-        let mut body = TimedBody::new(scripted, recorder);
+        let mut body = TimedBody::new(scripted, recorder, None);
         let mut n = 0;
         while let Some(frame) = body.frame().await {
             frame.unwrap();

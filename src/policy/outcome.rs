@@ -8,14 +8,43 @@ use http::StatusCode;
 /// How a request ended, as the proxy saw it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum End {
-    /// The response body ended cleanly.
+    /// The response body ended cleanly (trailers included).
     Complete,
     /// The upstream connection broke mid-body.
     UpstreamBroken,
-    /// The proxy answered itself (502, 504) because the upstream could not.
-    Failed(StatusCode),
+    /// The upstream sent nothing for `timeouts.idle` mid-body; the proxy ended the response.
+    UpstreamIdle,
+    /// The proxy answered itself (502, 504) because the upstream could not: `error`.
+    Failed {
+        status: StatusCode,
+        reason: &'static str,
+    },
+    /// The proxy refused the request (400, 405, 408) for the client's own fault: `client_error`.
+    Refused {
+        status: StatusCode,
+        reason: &'static str,
+    },
     /// The client went away first.
-    Cancelled,
+    Cancelled { reason: &'static str },
+}
+
+impl End {
+    /// The client went away: the response (or the whole request) was dropped.
+    pub(crate) const CLIENT_GONE: End = End::Cancelled {
+        reason: "client_gone",
+    };
+
+    /// Why the request did not end normally, for the record; `None` for a clean end.
+    pub(crate) fn reason(self) -> Option<&'static str> {
+        match self {
+            End::Complete => None,
+            End::UpstreamBroken => Some("upstream_reset"),
+            End::UpstreamIdle => Some("upstream_idle"),
+            End::Failed { reason, .. }
+            | End::Refused { reason, .. }
+            | End::Cancelled { reason } => Some(reason),
+        }
+    }
 }
 
 /// The outcome of a request, per `docs/MEASUREMENT.md`.

@@ -1,7 +1,8 @@
 //! The one error type of the proxy path, and the single edge where it becomes an HTTP response.
 //!
-//! Upstream failures are answered by the proxy itself with a status that says what failed and a
-//! short JSON body in the shape OpenAI-compatible clients already parse (`{"error": {...}}`).
+//! Failures are answered by the proxy itself with a status that says what failed and a short JSON
+//! body in the shape OpenAI-compatible clients already parse (`{"error": {...}}`): 502 and 504
+//! for the upstream's faults, 4xx for the client's own (which never count against the SLO).
 
 use std::time::Duration;
 
@@ -9,11 +10,21 @@ use bytes::Bytes;
 use http::{header, Response, StatusCode};
 use http_body_util::Full;
 
-/// Why a request could not be forwarded.
+use super::request_body::ClientFault;
+use crate::policy::outcome::End;
+
+/// Why a request could not be forwarded: the upstream's fault, or the client's.
 #[derive(Debug)]
-// Every failure the proxy answers for itself today is the upstream's.
-#[allow(clippy::enum_variant_names)]
 pub(crate) enum Error {
+    /// The client's request body failed: malformed, cut short, or stalled.
+    ClientBody {
+        fault: ClientFault,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The request cannot be forwarded as it is (RFC 9112 §3.2 `Host` rules, and the like).
+    BadRequest { message: &'static str },
+    /// A method the proxy does not forward.
+    MethodNotAllowed { method: http::Method },
     /// The upstream refused the connection or could not be reached.
     UpstreamUnreachable {
         upstream: String,
@@ -31,6 +42,20 @@ pub(crate) enum Error {
 impl std::fmt::Display for Error {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            Error::ClientBody { fault, source } => {
+                let what = match fault {
+                    ClientFault::Malformed => "the request body is malformed",
+                    ClientFault::Gone => {
+                        "the client went away before its request body was complete"
+                    }
+                    ClientFault::Stalled => "the client stopped sending its request body",
+                };
+                write!(f, "{what}: {}", chain(source.as_ref()))
+            }
+            Error::BadRequest { message } => f.write_str(message),
+            Error::MethodNotAllowed { method } => {
+                write!(f, "{method} is not forwarded: tokenmeter does not tunnel")
+            }
             Error::UpstreamUnreachable { upstream, source } => {
                 write!(
                     f,
@@ -57,10 +82,12 @@ impl std::fmt::Display for Error {
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Error::UpstreamUnreachable { source, .. } | Error::UpstreamFailed { source, .. } => {
-                Some(source.as_ref())
-            }
-            Error::UpstreamTimeout { .. } => None,
+            Error::UpstreamUnreachable { source, .. }
+            | Error::UpstreamFailed { source, .. }
+            | Error::ClientBody { source, .. } => Some(source.as_ref()),
+            Error::UpstreamTimeout { .. }
+            | Error::BadRequest { .. }
+            | Error::MethodNotAllowed { .. } => None,
         }
     }
 }
@@ -89,11 +116,44 @@ impl Error {
                 StatusCode::BAD_GATEWAY
             }
             Error::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            Error::ClientBody {
+                fault: ClientFault::Stalled,
+                ..
+            } => StatusCode::REQUEST_TIMEOUT,
+            Error::ClientBody { .. } | Error::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            Error::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
         }
     }
 
+    /// How the request ended, for its record: the upstream's failures are `error`, the
+    /// client's own are `client_error`, and a client gone midway is `cancelled`.
+    pub(crate) fn end(&self) -> End {
+        let status = self.status();
+        let reason = self.kind();
+        match self {
+            Error::UpstreamUnreachable { .. }
+            | Error::UpstreamFailed { .. }
+            | Error::UpstreamTimeout { .. } => End::Failed { status, reason },
+            Error::ClientBody {
+                fault: ClientFault::Gone,
+                ..
+            } => End::Cancelled { reason },
+            Error::ClientBody { .. }
+            | Error::BadRequest { .. }
+            | Error::MethodNotAllowed { .. } => End::Refused { status, reason },
+        }
+    }
+
+    /// A short name of what failed: the JSON body's `type` and the record's `reason`.
     fn kind(&self) -> &'static str {
         match self {
+            Error::ClientBody { fault, .. } => match fault {
+                ClientFault::Malformed => "client_body_error",
+                ClientFault::Gone => "client_gone",
+                ClientFault::Stalled => "client_body_timeout",
+            },
+            Error::BadRequest { .. } => "bad_request",
+            Error::MethodNotAllowed { .. } => "method_not_allowed",
             Error::UpstreamUnreachable { .. } => "upstream_unreachable",
             Error::UpstreamTimeout { .. } => "upstream_timeout",
             Error::UpstreamFailed { .. } => "upstream_failed",

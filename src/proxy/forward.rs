@@ -1,77 +1,218 @@
-//! Forwarding a request to the one upstream over a pooled keep-alive client.
+//! Forwarding a request to the one upstream over a pooled keep-alive connection, and sending it
+//! again, once, when a reused connection died before answering.
 //!
 //! The request keeps its method, path, query, headers and body; only the hop-by-hop headers of
 //! RFC 9110 §7.6.1 are removed, in both directions, because they describe one connection and
 //! not the message. The body streams through; nothing is buffered or rewritten.
+//!
+//! The retry: a keep-alive connection can be closed by the server while it sits in the pool
+//! (llama.cpp closes it after every streamed response without saying `Connection: close`), and a
+//! request written to it then fails although the server never read it. When a *reused*
+//! connection fails before a single byte of the response arrived, and the request's body was kept
+//! whole (at most `limits.retry_body_bytes`), the request is sent once more on a new connection.
+//! No byte of an answer reached the proxy, so the client cannot see a duplicate; the worst case
+//! is that an engine that did read the request computes it twice, which for inference has no
+//! side effect. A request on a new connection is never retried: its failure is the upstream's.
 
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, Uri, Version};
+use http_body_util::Either;
 use hyper::body::Incoming;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use prometheus::IntCounter;
+use tokio::time::Instant;
 
 use super::error::Error;
-use super::request_body::ModelSniffBody;
-use crate::config::{Timeouts, Upstream};
+use super::request_body::{RequestBody, Retained, Upload, UpstreamBody};
+use super::upstream::{Checkout, Pool, PooledBody};
+use crate::config::{Limits, Timeouts, Upstream};
 
-/// The body the proxy sends upstream.
-pub(crate) type UpstreamBody = ModelSniffBody<Incoming>;
+/// Retries by why they were needed, resolved once.
+#[derive(Clone)]
+pub(crate) struct RetryCounters {
+    /// The reused connection was already closed when the request was handed to it.
+    pub(crate) not_sent: IntCounter,
+    /// The reused connection closed after the request was written, before any response byte.
+    pub(crate) closed: IntCounter,
+}
 
 /// A pooled client bound to the configured upstream.
 pub(crate) struct Forwarder {
-    client: Client<HttpConnector, UpstreamBody>,
+    pool: Arc<Pool>,
     upstream: Upstream,
     upstream_text: String,
     response_head_timeout: Duration,
+    retry_body_bytes: usize,
+    retained_total: Arc<AtomicUsize>,
+    retries: RetryCounters,
+}
+
+/// How a request got to the upstream.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Trip {
+    /// The connection of the attempt that answered had carried requests before.
+    pub(crate) reused: bool,
+    /// How long connecting took, when that connection was new.
+    pub(crate) connect: Option<Duration>,
+    /// When the request was handed to that connection.
+    pub(crate) handed: Option<Instant>,
+    /// Attempts after the first.
+    pub(crate) retries: u8,
 }
 
 impl Forwarder {
-    pub(crate) fn new(upstream: &Upstream, timeouts: &Timeouts) -> Self {
-        let mut connector = HttpConnector::new();
-        // Without TCP_NODELAY, small SSE writes meet Nagle and delayed ACKs: a 40 ms stall.
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(timeouts.connect));
-        connector.enforce_http(true);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .build(connector);
+    pub(crate) fn new(
+        upstream: &Upstream,
+        timeouts: &Timeouts,
+        limits: &Limits,
+        retries: RetryCounters,
+    ) -> Self {
         Forwarder {
-            client,
+            pool: Arc::new(Pool::new(
+                upstream.authority.as_str().to_string(),
+                timeouts.connect,
+            )),
             upstream: upstream.clone(),
             upstream_text: upstream.to_string(),
             response_head_timeout: timeouts.response_head,
+            retry_body_bytes: limits.retry_body_bytes,
+            retained_total: Arc::new(AtomicUsize::new(0)),
+            retries,
         }
     }
 
-    /// Sends the request upstream and waits for the response head.
+    /// Sends the request upstream and waits for the response head; `trip` learns how the
+    /// request got there. The response-head timeout starts once the whole request body has been
+    /// sent.
     pub(crate) async fn send(
         &self,
         parts: http::request::Parts,
-        body: UpstreamBody,
-    ) -> Result<Response<Incoming>, Error> {
-        let request = self.upstream_request(parts, body);
+        mut body: RequestBody,
+        upload: &Upload,
+        trip: &mut Trip,
+    ) -> Result<Response<PooledBody>, Error> {
         let upstream = || self.upstream_text.clone();
-        match tokio::time::timeout(self.response_head_timeout, self.client.request(request)).await {
-            Err(_) => Err(Error::UpstreamTimeout {
-                upstream: upstream(),
-                after: self.response_head_timeout,
-            }),
-            Ok(Err(e)) if e.is_connect() => Err(Error::UpstreamUnreachable {
-                upstream: upstream(),
-                source: Box::new(e),
-            }),
-            Ok(Err(e)) => Err(Error::UpstreamFailed {
-                upstream: upstream(),
-                source: Box::new(e),
-            }),
-            Ok(Ok(mut response)) => {
-                strip_hop_by_hop(response.headers_mut());
-                Ok(response)
+        let unreachable = |e| Error::UpstreamUnreachable {
+            upstream: upstream(),
+            source: Box::new(e),
+        };
+        let mut checkout = self.pool.checkout().await.map_err(unreachable)?;
+        // Only a reused connection can fail in the way a retry mends; keep what it needs.
+        let retained = checkout.reused.then(|| {
+            let retained = Retained::new(self.retry_body_bytes, self.retained_total.clone());
+            body.retain(retained.clone());
+            retained
+        });
+        let head = retained.as_ref().map(|_| clone_head(&parts));
+        let request = self.upstream_request(parts, Either::Left(body));
+        let received_before = checkout.info.received();
+        trip.reused = checkout.reused;
+        trip.connect = checkout.connect;
+        trip.handed = Some(Instant::now());
+        let sent = self.await_head(&mut checkout, request, upload).await;
+        let again = match sent {
+            Ok(response) => {
+                if let Some(retained) = &retained {
+                    retained.release();
+                }
+                return Ok(self.answered(response, checkout));
             }
+            Err(Failure::TimedOut) => return Err(self.timed_out()),
+            Err(Failure::Hyper(error, unsent)) => {
+                let nothing_received = checkout.info.received() == received_before;
+                // The client's own fault is the client's, whatever the connection did.
+                if let Some(fault) = upload.fault() {
+                    return Err(Error::ClientBody {
+                        fault,
+                        source: Box::new(error),
+                    });
+                }
+                let replay = match (unsent, &retained, &head) {
+                    _ if !checkout.reused || !nothing_received => None,
+                    (Some(request), _, _) => {
+                        self.retries.not_sent.inc();
+                        Some(*request)
+                    }
+                    (None, Some(retained), Some(head)) => retained.replay().map(|body| {
+                        self.retries.closed.inc();
+                        self.upstream_request(head.clone_parts(), Either::Right(body))
+                    }),
+                    _ => None,
+                };
+                match replay {
+                    Some(request) => request,
+                    None => {
+                        return Err(Error::UpstreamFailed {
+                            upstream: upstream(),
+                            source: Box::new(error),
+                        })
+                    }
+                }
+            }
+        };
+        drop(retained);
+        tracing::debug!("a reused upstream connection closed before answering; sending again");
+        trip.retries += 1;
+        let mut checkout = self.pool.connect().await.map_err(unreachable)?;
+        trip.reused = false;
+        trip.connect = checkout.connect;
+        trip.handed = Some(Instant::now());
+        match self.await_head(&mut checkout, again, upload).await {
+            Ok(response) => Ok(self.answered(response, checkout)),
+            Err(Failure::TimedOut) => Err(self.timed_out()),
+            Err(Failure::Hyper(error, _)) => match upload.fault() {
+                Some(fault) => Err(Error::ClientBody {
+                    fault,
+                    source: Box::new(error),
+                }),
+                None => Err(Error::UpstreamFailed {
+                    upstream: upstream(),
+                    source: Box::new(error),
+                }),
+            },
+        }
+    }
+
+    fn answered(
+        &self,
+        mut response: Response<Incoming>,
+        checkout: Checkout,
+    ) -> Response<PooledBody> {
+        strip_hop_by_hop_response(response.headers_mut());
+        response
+            .map(|body| PooledBody::new(body, self.pool.clone(), checkout.sender, checkout.info))
+    }
+
+    fn timed_out(&self) -> Error {
+        Error::UpstreamTimeout {
+            upstream: self.upstream_text.clone(),
+            after: self.response_head_timeout,
+        }
+    }
+
+    /// Hands the request to the connection and waits for the head, at most the response-head
+    /// timeout after the upload completed.
+    async fn await_head(
+        &self,
+        checkout: &mut Checkout,
+        request: Request<UpstreamBody>,
+        upload: &Upload,
+    ) -> Result<Response<Incoming>, Failure> {
+        let sent = checkout.sender.try_send_request(request);
+        let deadline = async {
+            upload.complete().await;
+            tokio::time::sleep(self.response_head_timeout).await;
+        };
+        tokio::select! {
+            biased;
+            sent = sent => sent.map_err(|mut e| {
+                let unsent = e.take_message().map(Box::new);
+                Failure::Hyper(e.into_error(), unsent)
+            }),
+            () = deadline => Err(Failure::TimedOut),
         }
     }
 
@@ -83,26 +224,74 @@ impl Forwarder {
         // An h2 client names the host in :authority, which has no header of its own; keep it
         // as Host so the upstream sees the name the client used.
         if !parts.headers.contains_key(header::HOST) {
-            if let Some(authority) = parts.uri.authority() {
-                if let Ok(value) = HeaderValue::from_str(authority.as_str()) {
-                    parts.headers.insert(header::HOST, value);
-                }
-            }
+            let host = parts
+                .uri
+                .authority()
+                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+                .unwrap_or_else(|| {
+                    HeaderValue::from_str(self.upstream.authority.as_str())
+                        .unwrap_or(HeaderValue::from_static("localhost"))
+                });
+            parts.headers.insert(header::HOST, host);
         }
-        let mut uri = Uri::builder()
-            .scheme(self.upstream.scheme.clone())
-            .authority(self.upstream.authority.clone());
-        if let Some(pq) = parts.uri.path_and_query() {
-            uri = uri.path_and_query(pq.clone());
-        } else {
-            uri = uri.path_and_query("/");
-        }
-        parts.uri = uri.build().unwrap_or_else(|_| parts.uri.clone());
+        // HTTP/1.1 to the upstream takes the origin form: the path and query only.
+        let path = parts
+            .uri
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
+        parts.uri = Uri::from(path);
         // The upstream speaks HTTP/1.1 whatever the client spoke.
         parts.version = Version::HTTP_11;
         strip_hop_by_hop(&mut parts.headers);
         Request::from_parts(parts, body)
     }
+}
+
+/// How one attempt failed.
+enum Failure {
+    TimedOut,
+    /// hyper's error, and the request when it was never written (boxed: a request head is
+    /// large, and this is the rare path).
+    Hyper(hyper::Error, Option<Box<Request<UpstreamBody>>>),
+}
+
+/// A copy of a request head, for sending the request again.
+struct Head {
+    method: http::Method,
+    uri: Uri,
+    version: Version,
+    headers: HeaderMap,
+}
+
+fn clone_head(parts: &http::request::Parts) -> Head {
+    Head {
+        method: parts.method.clone(),
+        uri: parts.uri.clone(),
+        version: parts.version,
+        headers: parts.headers.clone(),
+    }
+}
+
+impl Head {
+    fn clone_parts(&self) -> http::request::Parts {
+        let mut request = Request::new(());
+        *request.method_mut() = self.method.clone();
+        *request.uri_mut() = self.uri.clone();
+        *request.version_mut() = self.version;
+        *request.headers_mut() = self.headers.clone();
+        request.into_parts().0
+    }
+}
+
+/// A response's hop-by-hop headers go; and a response framed by `Transfer-Encoding` loses any
+/// `Content-Length` it also carried (RFC 9112 §6.3: the transfer coding wins), or the client
+/// would stop reading at the wrong length.
+fn strip_hop_by_hop_response(headers: &mut HeaderMap) {
+    if headers.contains_key(header::TRANSFER_ENCODING) {
+        headers.remove(header::CONTENT_LENGTH);
+    }
+    strip_hop_by_hop(headers);
 }
 
 /// Removes the headers that belong to one connection (RFC 9110 §7.6.1): those named by
@@ -116,15 +305,17 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
         "transfer-encoding",
         "upgrade",
     ];
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
-    for name in named {
-        headers.remove(name);
+    if headers.contains_key(header::CONNECTION) {
+        let named: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+            .collect();
+        for name in named {
+            headers.remove(name);
+        }
     }
     for name in FIXED {
         headers.remove(name);
@@ -154,5 +345,20 @@ mod tests {
         let mut left: Vec<_> = h.keys().map(|k| k.as_str()).collect();
         left.sort();
         assert_eq!(left, ["authorization", "content-type", "x-request-id"]);
+    }
+
+    /// A response with both framings used to reach the client with the Content-Length, which
+    /// cut its body short.
+    #[test]
+    fn transfer_encoding_wins_over_content_length() {
+        let mut h = HeaderMap::new();
+        h.insert("transfer-encoding", HeaderValue::from_static("chunked"));
+        h.insert("content-length", HeaderValue::from_static("10"));
+        strip_hop_by_hop_response(&mut h);
+        assert!(h.is_empty(), "{h:?}");
+        let mut h = HeaderMap::new();
+        h.insert("content-length", HeaderValue::from_static("10"));
+        strip_hop_by_hop_response(&mut h);
+        assert_eq!(h["content-length"], "10");
     }
 }

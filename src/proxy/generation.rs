@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
-use super::forward::Forwarder;
-use crate::config::{Config, ConfigError, Upstream};
+use super::forward::{Forwarder, RetryCounters};
+use crate::config::{Config, ConfigError, Timeouts, Upstream};
 use crate::measure::Meter;
 use crate::policy::route::Router;
 use crate::publish::metrics::Metrics;
@@ -49,6 +49,7 @@ pub(crate) struct Generation {
     pub(crate) meter: Arc<Meter>,
     /// The upstream client; a reload that keeps the upstream keeps its connection pool.
     pub(crate) forwarder: Arc<Forwarder>,
+    pub(crate) timeouts: Timeouts,
 }
 
 /// What a reload did.
@@ -233,10 +234,24 @@ fn build(
         (_, None) => None,
     };
     let forwarder = match previous {
-        Some(p) if same(&|b| b.upstream == config.upstream && b.timeouts == config.timeouts) => {
+        Some(p)
+            if same(&|b| {
+                b.upstream == config.upstream
+                    && b.timeouts == config.timeouts
+                    && b.limits == config.limits
+            }) =>
+        {
             p.forwarder.clone()
         }
-        _ => Arc::new(Forwarder::new(&config.upstream, &config.timeouts)),
+        _ => Arc::new(Forwarder::new(
+            &config.upstream,
+            &config.timeouts,
+            &config.limits,
+            RetryCounters {
+                not_sent: metrics.upstream_retries("not_sent"),
+                closed: metrics.upstream_retries("closed"),
+            },
+        )),
     };
     let meter = Meter {
         router: Router::new(&config.routes),
@@ -244,9 +259,12 @@ fn build(
         access_log,
         live: previous.map_or_else(Default::default, |p| p.meter.live.clone()),
         max_event_bytes: config.stream.max_event_bytes,
+        in_flight_total: previous
+            .map_or_else(Default::default, |p| p.meter.in_flight_total.clone()),
     };
     Ok(Generation {
         meter: Arc::new(meter),
         forwarder,
+        timeouts: config.timeouts,
     })
 }

@@ -14,6 +14,7 @@ pub(crate) mod listener;
 pub(crate) mod request_body;
 pub(crate) mod server;
 pub(crate) mod service;
+pub(crate) mod upstream;
 
 pub use generation::{Overrides, Reloaded};
 pub use listener::accept;

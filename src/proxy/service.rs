@@ -12,18 +12,20 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::{Request, Response};
+use http::{header, Method, Request, Response, Version};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
+use super::error::Error;
+use super::forward::Trip;
 use super::generation::Generations;
-use super::request_body::ModelSniffBody;
+use super::request_body::{RequestBody, Upload};
+use super::upstream::PooledBody;
 use crate::measure::{Recorder, TimedBody};
-use crate::policy::outcome::End;
 
 /// What the client receives: the upstream's body, timed, or the proxy's own error body.
-pub(crate) type ProxyBody = Either<TimedBody<Incoming>, Full<Bytes>>;
+pub(crate) type ProxyBody = Either<TimedBody<PooledBody>, Full<Bytes>>;
 
 /// The proxy as a tower service; cheap to clone per connection.
 #[derive(Clone)]
@@ -34,6 +36,37 @@ pub(crate) struct Proxy {
 impl Proxy {
     pub(crate) fn new(generations: Arc<Generations>) -> Self {
         Proxy { generations }
+    }
+}
+
+/// A request the proxy will not forward as it is: `CONNECT` (it does not tunnel), and an
+/// HTTP/1.1 request without exactly one valid `Host` (RFC 9112 §3.2).
+fn refusal(request: &Request<Incoming>) -> Option<Error> {
+    if request.method() == Method::CONNECT {
+        return Some(Error::MethodNotAllowed {
+            method: request.method().clone(),
+        });
+    }
+    let mut hosts = request.headers().get_all(header::HOST).iter();
+    match (hosts.next(), hosts.next()) {
+        (Some(_), Some(_)) => Some(Error::BadRequest {
+            message: "more than one Host header (RFC 9112 §3.2)",
+        }),
+        (None, _) if request.version() == Version::HTTP_11 => Some(Error::BadRequest {
+            message: "an HTTP/1.1 request needs a Host header (RFC 9112 §3.2)",
+        }),
+        (Some(host), None)
+            if host
+                .to_str()
+                .ok()
+                .and_then(|h| h.parse::<http::uri::Authority>().ok())
+                .is_none_or(|a| a.as_str().contains('@')) =>
+        {
+            Some(Error::BadRequest {
+                message: "the Host header is not a valid host[:port] (RFC 9112 §3.2)",
+            })
+        }
+        _ => None,
     }
 }
 
@@ -49,45 +82,66 @@ impl tower::Service<Request<Incoming>> for Proxy {
     fn call(&mut self, request: Request<Incoming>) -> Self::Future {
         // The request keeps this configuration to its end, whatever a reload does meanwhile.
         let generation = self.generations.current();
-        let forwarder = generation.forwarder.clone();
         let mut recorder = Recorder::start(
             generation.meter.clone(),
             request.method(),
             request.uri(),
             request.headers(),
         );
+        if let Some(error) = refusal(&request) {
+            tracing::debug!(error = %error, "refusing a request");
+            recorder.finish(error.end(), Instant::now());
+            return Box::pin(std::future::ready(Ok(error
+                .to_response()
+                .map(Either::Right))));
+        }
         let (parts, body) = request.into_parts();
         let model = recorder.model_slot();
-        let body = ModelSniffBody::new(body, model.clone());
+        let upload = Arc::new(Upload::default());
+        let body = RequestBody::new(
+            body,
+            model.clone(),
+            upload.clone(),
+            generation.timeouts.request_body,
+        );
         Box::pin(async move {
             // If the client goes away while we wait, this future is dropped and so is the
             // recorder, which then counts the request as cancelled.
-            let send = forwarder.send(parts, body);
-            tokio::pin!(send);
-            let sent = if recorder.route_pending() {
-                // A route matches on the model: decide it as soon as the body has named it,
-                // so the request counts as in flight on its route while it waits upstream.
-                tokio::select! {
-                    biased;
-                    sent = &mut send => sent,
-                    () = model.decided() => {
-                        recorder.resolve_route();
-                        send.await
+            let mut trip = Trip::default();
+            let sent = {
+                let send = generation.forwarder.send(parts, body, &upload, &mut trip);
+                tokio::pin!(send);
+                if recorder.route_pending() {
+                    // A route matches on the model: decide it as soon as the body has named it,
+                    // so the request counts as in flight on its route while it waits upstream.
+                    tokio::select! {
+                        biased;
+                        sent = &mut send => sent,
+                        () = model.decided() => {
+                            recorder.resolve_route();
+                            send.await
+                        }
                     }
+                } else {
+                    send.await
                 }
-            } else {
-                send.await
             };
+            recorder.on_upstream(trip.reused, trip.connect, trip.handed, trip.retries);
             match sent {
                 Ok(response) => {
                     recorder.on_head(response.status(), response.headers());
                     let (parts, body) = response.into_parts();
-                    let body = TimedBody::new(body, recorder);
+                    let body = TimedBody::new(body, recorder, Some(generation.timeouts.idle));
                     Ok(Response::from_parts(parts, Either::Left(body)))
                 }
                 Err(error) => {
-                    tracing::warn!(error = %error, "answering the client with {}", error.status());
-                    recorder.finish(End::Failed(error.status()), Instant::now());
+                    let end = error.end();
+                    if matches!(end, crate::policy::outcome::End::Failed { .. }) {
+                        tracing::warn!(error = %error, "answering the client with {}", error.status());
+                    } else {
+                        tracing::debug!(error = %error, "the client's request failed on its side");
+                    }
+                    recorder.finish(end, Instant::now());
                     Ok(error.to_response().map(Either::Right))
                 }
             }

@@ -24,6 +24,9 @@ use crate::policy::slo::Criterion;
 
 /// Label value for a request whose body named no model (or whose model came too late).
 pub(crate) const UNKNOWN_MODEL: &str = "unknown";
+/// Why a request was sent upstream again: the reused connection was closed before the request
+/// was written, or after it was written but before any byte of the answer.
+pub(crate) const UPSTREAM_RETRY_REASONS: [&str; 2] = ["not_sent", "closed"];
 /// Label value for models past the label limit.
 pub(crate) const OTHER_MODEL: &str = "other";
 
@@ -62,6 +65,8 @@ pub(crate) struct Metrics {
     config_last_success: Gauge,
     /// Records that could not be written because the writer fell behind.
     pub(crate) access_log_dropped: IntCounter,
+    /// Requests sent upstream again, by why.
+    upstream_retries: IntCounterVec,
     models: RwLock<Arc<ModelLabels>>,
 }
 
@@ -332,6 +337,11 @@ impl Metrics {
                 "Per-request records dropped because the writer could not keep up.",
             )
             .expect("counter definition is valid"),
+            upstream_retries: counter(
+                "tokenmeter_upstream_retries_total",
+                "Requests sent upstream a second time because a reused connection closed before answering (reason: not_sent, closed).",
+                &["reason"],
+            ),
             models: RwLock::new(Arc::new(ModelLabels::new(config))),
         };
         let build_info = IntGaugeVec::new(
@@ -363,7 +373,11 @@ impl Metrics {
         register(r, m.config_reloads.clone());
         register(r, m.config_last_success.clone());
         register(r, m.access_log_dropped.clone());
+        register(r, m.upstream_retries.clone());
         register(r, build_info);
+        for reason in UPSTREAM_RETRY_REASONS {
+            m.upstream_retries.with_label_values(&[reason]);
+        }
         for result in ["success", "error"] {
             m.config_reloads.with_label_values(&[result]);
         }
@@ -400,9 +414,15 @@ impl Metrics {
         let models = ModelLabels::new(config);
         let mut current = self.models.write().unwrap_or_else(|p| p.into_inner());
         if !current.same_policy(&models) {
+            // Names the old policy labelled keep their label if the new one allows them; the
+            // series of the others are removed, so reloads never grow the series set.
+            let dropped = models.inherit(&current);
             *current = Arc::new(models);
+            drop(current);
+            self.remove_models(&dropped);
+        } else {
+            drop(current);
         }
-        drop(current);
         self.publish_config(config);
     }
 
@@ -451,6 +471,52 @@ impl Metrics {
     }
 
     /// Counts a request in flight on its route until the returned guard is dropped.
+    /// Removes every series labelled with one of `models`.
+    fn remove_models(&self, models: &[Arc<str>]) {
+        if models.is_empty() {
+            return;
+        }
+        fn remove<T: prometheus::core::MetricVecBuilder>(
+            vec: &prometheus::core::MetricVec<T>,
+            models: &[Arc<str>],
+        ) {
+            for family in vec.collect() {
+                for metric in family.get_metric() {
+                    let labels: std::collections::HashMap<&str, &str> = metric
+                        .get_label()
+                        .iter()
+                        .map(|l| (l.name(), l.value()))
+                        .collect();
+                    if labels
+                        .get("model")
+                        .is_some_and(|m| models.iter().any(|d| **d == **m))
+                    {
+                        let _ = vec.remove(&labels);
+                    }
+                }
+            }
+        }
+        for h in self.histograms().collectors() {
+            remove(h, models);
+        }
+        for c in [
+            &self.requests,
+            &self.output_tokens_total,
+            &self.prompt_tokens_total,
+            &self.slo_eligible,
+            &self.slo_good,
+            &self.slo_violations,
+            &self.slo_good_output_tokens,
+        ] {
+            remove(c, models);
+        }
+    }
+
+    /// The retry counter for `reason` (one of [`UPSTREAM_RETRY_REASONS`]).
+    pub(crate) fn upstream_retries(&self, reason: &str) -> IntCounter {
+        self.upstream_retries.with_label_values(&[reason])
+    }
+
     pub(crate) fn in_flight(&self, route: &str) -> InFlight {
         let gauge = self.in_flight.with_label_values(&[route]);
         gauge.inc();
@@ -463,12 +529,18 @@ impl Metrics {
     }
 
     /// Resolves one request's handles.
-    pub(crate) fn request(&self, route: Arc<str>, model: Option<&str>) -> RequestMetrics {
+    /// Resolves a request's handles; `admit`: its model may take a new label.
+    pub(crate) fn request(
+        &self,
+        route: Arc<str>,
+        model: Option<&str>,
+        admit: bool,
+    ) -> RequestMetrics {
         let model = self
             .models
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .label(model);
+            .label(model, admit);
         let h = self.histograms();
         let labels = [&*route, &*model];
         RequestMetrics {
@@ -548,8 +620,34 @@ impl ModelLabels {
         self.listed == other.listed && self.limit == other.limit
     }
 
-    /// The label for a request's model; called once per request.
-    pub(crate) fn label(&self, model: Option<&str>) -> Arc<str> {
+    /// Takes over the names `old` admitted that this policy still allows (up to its limit);
+    /// returns the names `old` labelled that this policy no longer does.
+    fn inherit(&self, old: &ModelLabels) -> Vec<Arc<str>> {
+        let old_names: Vec<Arc<str>> = match &old.listed {
+            Some(listed) => listed.clone(),
+            None => old.seen.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+        };
+        let mut dropped = Vec::new();
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        for name in old_names {
+            let kept = match &self.listed {
+                Some(listed) => listed.contains(&name),
+                None if seen.len() < self.limit => {
+                    seen.push(name.clone());
+                    true
+                }
+                None => false,
+            };
+            if !kept {
+                dropped.push(name);
+            }
+        }
+        dropped
+    }
+
+    /// The label for a request's model; called once per request. A name not seen before takes a
+    /// slot only when `admit` (the upstream answered the request with success).
+    pub(crate) fn label(&self, model: Option<&str>, admit: bool) -> Arc<str> {
         let Some(model) = model.filter(|m| !m.is_empty()) else {
             return self.unknown.clone();
         };
@@ -564,7 +662,7 @@ impl ModelLabels {
         if let Some(known) = seen.iter().find(|s| ***s == *model) {
             return known.clone();
         }
-        if seen.len() >= self.limit || model == OTHER_MODEL || model == UNKNOWN_MODEL {
+        if !admit || seen.len() >= self.limit || model == OTHER_MODEL || model == UNKNOWN_MODEL {
             return self.other.clone();
         }
         let label: Arc<str> = Arc::from(model);
@@ -584,16 +682,72 @@ mod tests {
             ..Config::default()
         };
         let labels = ModelLabels::new(&config);
-        assert_eq!(&*labels.label(Some("a")), "a");
-        assert_eq!(&*labels.label(Some("b")), "b");
-        assert_eq!(&*labels.label(Some("c")), "other");
-        assert_eq!(&*labels.label(Some("a")), "a");
-        assert_eq!(&*labels.label(None), "unknown");
-        assert_eq!(&*labels.label(Some("")), "unknown");
+        assert_eq!(&*labels.label(Some("a"), true), "a");
+        assert_eq!(&*labels.label(Some("b"), true), "b");
+        assert_eq!(&*labels.label(Some("c"), true), "other");
+        assert_eq!(&*labels.label(Some("a"), true), "a");
+        assert_eq!(&*labels.label(None, true), "unknown");
+        assert_eq!(&*labels.label(Some(""), true), "unknown");
         config.models = Some(vec!["x".into(), "y".into()]);
         let listed = ModelLabels::new(&config);
-        assert_eq!(&*listed.label(Some("y")), "y");
-        assert_eq!(&*listed.label(Some("a")), "other");
+        assert_eq!(&*listed.label(Some("y"), true), "y");
+        assert_eq!(&*listed.label(Some("a"), true), "other");
+    }
+
+    /// Model names from requests the upstream refused (a typo, junk) used to take every label
+    /// slot until restart.
+    #[test]
+    fn only_answered_models_take_a_label() {
+        let config = Config {
+            model_label_limit: 2,
+            ..Config::default()
+        };
+        let labels = ModelLabels::new(&config);
+        for junk in ["j1", "j2", "j3"] {
+            assert_eq!(&*labels.label(Some(junk), false), "other");
+        }
+        assert_eq!(&*labels.label(Some("a"), true), "a");
+        assert_eq!(&*labels.label(Some("a"), false), "a", "a known name keeps its label");
+        assert_eq!(&*labels.label(Some("b"), true), "b");
+        assert_eq!(&*labels.label(Some("c"), true), "other");
+    }
+
+    /// Reloads that change the label policy used to start a fresh table each time, so every
+    /// reload could add a new set of model series.
+    #[test]
+    fn reloads_that_change_the_label_policy_do_not_grow_the_series() {
+        let m = Metrics::new(&Config {
+            model_label_limit: 4,
+            ..Config::default()
+        });
+        let series = |m: &Metrics| {
+            String::from_utf8(m.render())
+                .unwrap()
+                .lines()
+                .filter(|l| l.starts_with("tokenmeter_requests_total{"))
+                .count()
+        };
+        for round in 0..10 {
+            let names: Vec<String> = (0..4).map(|i| format!("m{round}-{i}")).collect();
+            m.reconfigure(&Config {
+                models: Some(names.clone()),
+                ..Config::default()
+            });
+            for name in &names {
+                let r = m.request(Arc::from("default"), Some(name), true);
+                m.count_request(&r.route, &r.model, "ok");
+            }
+            assert!(series(&m) <= 4, "round {round}: {} series", series(&m));
+        }
+        // Back to a limit: the last list's names keep their labels, the limit still holds.
+        m.reconfigure(&Config {
+            model_label_limit: 2,
+            ..Config::default()
+        });
+        let text = String::from_utf8(m.render()).unwrap();
+        assert!(series(&m) <= 2, "{text}");
+        assert_eq!(&*m.request(Arc::from("default"), Some("m9-0"), true).model, "m9-0");
+        assert_eq!(&*m.request(Arc::from("default"), Some("new"), true).model, "other");
     }
 
     #[test]
@@ -604,11 +758,11 @@ mod tests {
             Config::parse("routes:\n  - name: a\n    slo: {ttft: 444ms}\n", "t.yaml").unwrap();
         let m = Metrics::new(&one);
         m.count_request("a", "x", "ok");
-        let old = m.request(Arc::from("a"), Some("x"));
+        let old = m.request(Arc::from("a"), Some("x"), true);
         m.reconfigure(&two);
         // A request that started before the reload finishes into the old family, unseen.
         old.ttft.observe(0.1);
-        m.request(Arc::from("a"), Some("x")).ttft.observe(0.4);
+        m.request(Arc::from("a"), Some("x"), true).ttft.observe(0.4);
         let text = String::from_utf8(m.render()).unwrap();
         assert!(text.contains("le=\"0.444\""), "{text}");
         assert!(!text.contains("le=\"0.333\""), "{text}");
@@ -633,7 +787,7 @@ mod tests {
         )
         .unwrap();
         let m = Metrics::new(&config);
-        let r = m.request(Arc::from("a"), Some("x"));
+        let r = m.request(Arc::from("a"), Some("x"), true);
         r.ttft.observe(0.333);
         r.tpot.observe(0.037);
         r.duration.observe(7.0);
@@ -658,7 +812,7 @@ mod tests {
     #[test]
     fn exposition_names_every_family() {
         let m = Metrics::new(&Config::default());
-        let r = m.request(Arc::from("default"), Some("llama"));
+        let r = m.request(Arc::from("default"), Some("llama"), true);
         r.ttft.observe(0.2);
         m.count_request("default", "llama", "ok");
         let _g = m.in_flight("default");

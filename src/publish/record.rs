@@ -18,7 +18,7 @@ use crate::config::{AccessLog, LogFormat, LogPath};
 const QUEUE_DEPTH: usize = 8192;
 
 /// The columns, in order; also the CSV header.
-pub(crate) const COLUMNS: [&str; 23] = [
+pub(crate) const COLUMNS: [&str; 30] = [
     "ts",
     "request_id",
     "route",
@@ -42,6 +42,13 @@ pub(crate) const COLUMNS: [&str; 23] = [
     "e2e_ms",
     "in_flight",
     "bytes",
+    "in_flight_total",
+    "reason",
+    "read",
+    "retries",
+    "upstream_conn",
+    "connect_ms",
+    "proxy_ms",
 ];
 
 /// One finished request, as `docs/MEASUREMENT.md` lists it. Missing values are `None`.
@@ -70,10 +77,24 @@ pub(crate) struct Record {
     pub(crate) e2e_ms: f64,
     pub(crate) in_flight: i64,
     pub(crate) bytes: u64,
+    /// Requests in flight in the whole proxy at arrival, this one included.
+    pub(crate) in_flight_total: i64,
+    /// Why the request did not end normally (`upstream_idle`, `client_body_timeout`, ...).
+    pub(crate) reason: Option<&'static str>,
+    /// How the response body was read: `parsed`, `encoded`, `opaque`, `none`.
+    pub(crate) read: &'static str,
+    /// Upstream attempts after the first.
+    pub(crate) retries: u8,
+    /// `new` or `reused`: the upstream connection of the attempt that answered.
+    pub(crate) upstream_conn: Option<&'static str>,
+    /// Connecting to the upstream, when that connection was new.
+    pub(crate) connect_ms: Option<f64>,
+    /// The proxy's own share: request head read to request handed to the upstream connection.
+    pub(crate) proxy_ms: Option<f64>,
 }
 
 impl Record {
-    fn csv_fields(&self) -> [String; 23] {
+    fn csv_fields(&self) -> [String; 30] {
         fn opt<T: ToString>(v: &Option<T>) -> String {
             v.as_ref().map(ToString::to_string).unwrap_or_default()
         }
@@ -101,6 +122,13 @@ impl Record {
             self.e2e_ms.to_string(),
             self.in_flight.to_string(),
             self.bytes.to_string(),
+            self.in_flight_total.to_string(),
+            opt(&self.reason),
+            self.read.to_string(),
+            self.retries.to_string(),
+            opt(&self.upstream_conn),
+            opt(&self.connect_ms),
+            opt(&self.proxy_ms),
         ]
     }
 }
@@ -295,6 +323,13 @@ mod tests {
             e2e_ms: 3.25,
             in_flight: 1,
             bytes: 100,
+            in_flight_total: 2,
+            reason: None,
+            read: "parsed",
+            retries: 0,
+            upstream_conn: Some("reused"),
+            connect_ms: None,
+            proxy_ms: Some(0.125),
         }
     }
 
