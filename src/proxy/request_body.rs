@@ -313,11 +313,7 @@ impl Body for RequestBody {
             None => true,
             Some(Ok(_)) => this.inner.is_end_stream(),
             Some(Err(e)) => {
-                this.upload.fail(if e.is_parse() {
-                    ClientFault::Malformed
-                } else {
-                    ClientFault::Gone
-                });
+                this.upload.fail(classify(e));
                 false
             }
         };
@@ -338,6 +334,27 @@ impl Body for RequestBody {
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
     }
+}
+
+/// How a client's body failed: bytes that are not valid HTTP framing (hyper reports a bad chunk
+/// size as an I/O error of kind `InvalidData` or `InvalidInput`), or a client gone.
+fn classify(error: &hyper::Error) -> ClientFault {
+    if error.is_parse() {
+        return ClientFault::Malformed;
+    }
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+            if matches!(
+                io.kind(),
+                std::io::ErrorKind::InvalidData | std::io::ErrorKind::InvalidInput
+            ) {
+                return ClientFault::Malformed;
+            }
+        }
+        source = cause.source();
+    }
+    ClientFault::Gone
 }
 
 /// A kept request body, sent again.

@@ -34,6 +34,11 @@ pub enum Step {
     At(Duration),
     /// End the body properly (the zero chunk) and keep the connection.
     End,
+    /// End the body properly, then close the connection without having said
+    /// `Connection: close` (llama.cpp's server does this after every streamed response).
+    EndThenClose,
+    /// End the body with trailers (chunked only): `0\r\nname: value\r\n\r\n`.
+    EndWithTrailers(String),
     /// Close the connection without ending the body: a truncated response.
     Close,
     /// Reset the connection (RST): an upstream crash.
@@ -166,6 +171,11 @@ enum Played {
 
 async fn play(stream: &mut TcpStream, script: &Script) -> Played {
     if script.status == 0 {
+        // No head at all: close at once (a server that drops the request), or hang.
+        if matches!(script.steps.first(), Some(Step::Close)) {
+            let _ = stream.shutdown().await;
+            return Played::Closed;
+        }
         return hang(stream).await;
     }
     let mut head = format!("HTTP/1.1 {} Scripted\r\n", script.status);
@@ -219,6 +229,21 @@ async fn play(stream: &mut TcpStream, script: &Script) -> Played {
             }
             Step::End => {
                 if script.chunked && stream.write_all(b"0\r\n\r\n").await.is_err() {
+                    return Played::PeerGone;
+                }
+                return Played::Ended;
+            }
+            Step::EndThenClose => {
+                if script.chunked {
+                    let _ = stream.write_all(b"0\r\n\r\n").await;
+                }
+                let _ = stream.flush().await;
+                let _ = stream.shutdown().await;
+                return Played::Closed;
+            }
+            Step::EndWithTrailers(trailer) => {
+                let end = format!("0\r\n{trailer}\r\n\r\n");
+                if stream.write_all(end.as_bytes()).await.is_err() {
                     return Played::PeerGone;
                 }
                 return Played::Ended;
