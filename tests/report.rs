@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use common::TempDir;
 use serde_json::Value;
-// Its deadline is the polling loop's, outside any runtime: tokio's clock is the std one there.
+// The project's clock (clippy.toml); outside a runtime, as here, it reads the monotonic clock.
 use tokio::time::Instant;
 
 fn fixture(name: &str) -> String {
