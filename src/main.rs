@@ -45,6 +45,9 @@ enum Command {
     /// Add the tokenmeter sidecar to Kubernetes YAML on stdin (Deployments, StatefulSets and
     /// the Services selecting them) and write it to stdout.
     Inject(tokenmeter::tools::inject::InjectArgs),
+    /// Why was it slow? Per route and model: percentiles, goodput, the bend against concurrency
+    /// and the slowest requests with their likely causes, from per-request record files.
+    Report(tokenmeter::tools::report::ReportArgs),
 }
 
 /// Running the proxy (the default command).
@@ -77,6 +80,7 @@ fn main() -> ExitCode {
         Some(Command::Rules(args)) => tokenmeter::tools::rules::main(args),
         Some(Command::Demo(args)) => tokenmeter::tools::demo::main(args),
         Some(Command::Inject(args)) => tokenmeter::tools::inject::main(args),
+        Some(Command::Report(args)) => tokenmeter::tools::report::main(args),
         None => run(cli.run),
     }
 }

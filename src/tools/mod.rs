@@ -9,5 +9,6 @@ pub mod bench;
 pub mod cli;
 pub mod demo;
 pub mod inject;
+pub mod report;
 pub mod rules;
 pub mod sim;

@@ -1,0 +1,400 @@
+//! Reading per-request records: JSON lines or CSV, told apart per file by its extension or,
+//! failing that, by its first byte, so a pod's file is read whichever format its proxy wrote.
+//!
+//! A reader must survive what a real log holds: a line cut off by a crash or a rotation, a
+//! record from an older proxy without this round's fields, a hand-edited cell. A line that is not
+//! a record is skipped and counted as `FILE:LINE: problem`; only a file that cannot be read at
+//! all stops the report.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+use std::time::UNIX_EPOCH;
+
+use serde::{Deserialize, Serialize};
+
+/// How many malformed lines are kept with their problem; the rest are only counted.
+const KEPT_PROBLEMS: usize = 20;
+
+/// The proxy's CSV columns in order, for a CSV file that starts without its header (a file
+/// appended to after its first lines were rotated away). Old records stop after `bytes`.
+const COLUMNS: [&str; 45] = [
+    "ts",
+    "request_id",
+    "route",
+    "model",
+    "method",
+    "path",
+    "status",
+    "outcome",
+    "slo",
+    "violated",
+    "finish_reason",
+    "prompt_tokens",
+    "output_tokens",
+    "token_source",
+    "events",
+    "ttfb_ms",
+    "ttft_ms",
+    "ttfc_ms",
+    "tpot_ms",
+    "max_itl_ms",
+    "e2e_ms",
+    "in_flight",
+    "bytes",
+    "in_flight_total",
+    "reason",
+    "read",
+    "retries",
+    "upstream_conn",
+    "connect_ms",
+    "proxy_ms",
+    "cached_tokens",
+    "cache_creation_tokens",
+    "reasoning_tokens",
+    "engine_queue_ms",
+    "engine_prefill_ms",
+    "engine_decode_ms",
+    "engine_load_ms",
+    "engine_total_ms",
+    "engine_prompt_n",
+    "engine_source",
+    "queue_ms",
+    "queue_source",
+    "engine_running",
+    "engine_waiting",
+    "engine_kv_usage",
+];
+
+/// The fields of a record that the report reads; every other field is ignored, so records
+/// from older and newer proxies both read. Only `ts`, `route` and `e2e_ms` are required.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct Fields {
+    pub ts: String,
+    pub request_id: Option<String>,
+    pub route: String,
+    pub model: Option<String>,
+    pub status: Option<u16>,
+    pub outcome: Option<String>,
+    pub slo: Option<String>,
+    pub reason: Option<String>,
+    pub prompt_tokens: Option<u64>,
+    pub output_tokens: Option<u64>,
+    pub ttft_ms: Option<f64>,
+    pub tpot_ms: Option<f64>,
+    pub max_itl_ms: Option<f64>,
+    pub e2e_ms: f64,
+    pub in_flight: Option<i64>,
+    pub in_flight_total: Option<i64>,
+    pub retries: Option<u64>,
+    pub upstream_conn: Option<String>,
+    pub connect_ms: Option<f64>,
+    pub proxy_ms: Option<f64>,
+    pub cached_tokens: Option<u64>,
+    pub engine_prefill_ms: Option<f64>,
+    pub engine_load_ms: Option<f64>,
+    pub queue_ms: Option<f64>,
+    pub queue_source: Option<String>,
+    pub engine_running: Option<f64>,
+    pub engine_waiting: Option<f64>,
+}
+
+/// One record, with where it came from.
+#[derive(Clone, Debug)]
+pub struct Request {
+    /// Index into [`Loaded::sources`].
+    pub file: usize,
+    /// 1-based line of the file.
+    pub line: u64,
+    /// `ts` as seconds since the Unix epoch.
+    pub at: f64,
+    pub fields: Fields,
+}
+
+impl Request {
+    /// Whether the request ended normally (an older record without `outcome` counts as ok).
+    pub fn ok(&self) -> bool {
+        self.fields.outcome.as_deref().is_none_or(|o| o == "ok")
+    }
+}
+
+/// How a file's records are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Format {
+    Jsonl,
+    Csv,
+}
+
+impl Format {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Format::Jsonl => "jsonl",
+            Format::Csv => "csv",
+        }
+    }
+}
+
+/// One file read.
+#[derive(Clone, Debug, Serialize)]
+pub struct Source {
+    pub path: String,
+    pub format: Format,
+    pub records: usize,
+    pub malformed: usize,
+}
+
+/// A line that is not a record.
+#[derive(Clone, Debug)]
+pub struct Problem {
+    pub path: String,
+    pub line: u64,
+    pub message: String,
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}: {}", self.path, self.line, self.message)
+    }
+}
+
+/// Everything read from the files, in file order.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    pub sources: Vec<Source>,
+    pub requests: Vec<Request>,
+    /// The first malformed lines, at most [`KEPT_PROBLEMS`].
+    pub problems: Vec<Problem>,
+    pub malformed: usize,
+}
+
+impl Loaded {
+    fn problem(&mut self, path: &str, line: u64, message: String) {
+        self.malformed += 1;
+        if let Some(source) = self.sources.last_mut() {
+            source.malformed += 1;
+        }
+        if self.problems.len() < KEPT_PROBLEMS {
+            self.problems.push(Problem {
+                path: path.to_string(),
+                line,
+                message,
+            });
+        }
+    }
+
+    fn record(&mut self, path: &str, line: u64, fields: Fields) {
+        match check(&fields) {
+            Ok(at) => {
+                let file = self.sources.len() - 1;
+                self.sources[file].records += 1;
+                self.requests.push(Request {
+                    file,
+                    line,
+                    at,
+                    fields,
+                });
+            }
+            Err(message) => self.problem(path, line, message),
+        }
+    }
+}
+
+/// What serde cannot check: the timestamp and the duration make sense.
+fn check(fields: &Fields) -> Result<f64, String> {
+    let at = humantime::parse_rfc3339_weak(&fields.ts)
+        .map_err(|e| format!("ts `{}` is not an RFC 3339 time: {e}", fields.ts))?
+        .duration_since(UNIX_EPOCH)
+        .map_err(|_| format!("ts `{}` is before 1970", fields.ts))?
+        .as_secs_f64();
+    if !(fields.e2e_ms.is_finite() && fields.e2e_ms >= 0.0) {
+        return Err(format!("e2e_ms {} is not a duration", fields.e2e_ms));
+    }
+    if fields.route.is_empty() {
+        return Err("route is empty".into());
+    }
+    Ok(at)
+}
+
+/// Reads every file in order. Fails only when a file cannot be opened or read.
+pub fn load(paths: &[impl AsRef<Path>]) -> Result<Loaded, String> {
+    let mut loaded = Loaded::default();
+    for path in paths {
+        let path = path.as_ref();
+        let name = path.display().to_string();
+        let cannot = |e: std::io::Error| format!("{name}: cannot read: {e}");
+        let mut reader = BufReader::new(File::open(path).map_err(cannot)?);
+        let format = detect(path, reader.fill_buf().map_err(cannot)?);
+        loaded.sources.push(Source {
+            path: name.clone(),
+            format,
+            records: 0,
+            malformed: 0,
+        });
+        match format {
+            Format::Jsonl => read_jsonl(&name, reader, &mut loaded).map_err(cannot)?,
+            Format::Csv => read_csv(&name, reader, &mut loaded)?,
+        }
+    }
+    Ok(loaded)
+}
+
+/// By extension, else by the first byte that is not white space: `{` is JSON lines.
+fn detect(path: &Path, start: &[u8]) -> Format {
+    let extension = path
+        .extension()
+        .map(|e| e.to_string_lossy().to_ascii_lowercase());
+    match extension.as_deref() {
+        Some("jsonl" | "json" | "ndjson") => Format::Jsonl,
+        Some("csv") => Format::Csv,
+        _ => match start.iter().find(|b| !b.is_ascii_whitespace()) {
+            Some(b'{') | None => Format::Jsonl,
+            Some(_) => Format::Csv,
+        },
+    }
+}
+
+fn read_jsonl(name: &str, mut reader: impl BufRead, loaded: &mut Loaded) -> std::io::Result<()> {
+    // Bytes, not `lines()`: a line of invalid UTF-8 is one malformed record, not the end.
+    let mut line = Vec::new();
+    let mut number = 0u64;
+    loop {
+        line.clear();
+        if reader.read_until(b'\n', &mut line)? == 0 {
+            return Ok(());
+        }
+        number += 1;
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let record = line.strip_suffix(b"\n").unwrap_or(&line);
+        let record = record.strip_suffix(b"\r").unwrap_or(record);
+        match serde_json::from_slice::<Fields>(record) {
+            Ok(fields) => loaded.record(name, number, fields),
+            Err(e) => {
+                // Every record is one line, so serde's "at line 1" says nothing.
+                let message = e.to_string().replace(" at line 1 column ", " at column ");
+                loaded.problem(name, number, message);
+            }
+        }
+    }
+}
+
+fn read_csv(name: &str, reader: impl Read, loaded: &mut Loaded) -> Result<(), String> {
+    let mut csv = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .flexible(true)
+        .from_reader(reader);
+    let mut header: Option<csv::ByteRecord> = None;
+    let mut row = csv::ByteRecord::new();
+    loop {
+        match csv.read_byte_record(&mut row) {
+            Ok(false) => return Ok(()),
+            Ok(true) => {}
+            Err(e) => {
+                let line = e.position().map_or(0, |p| p.line());
+                if e.is_io_error() {
+                    return Err(format!("{name}: cannot read: {e}"));
+                }
+                loaded.problem(name, line, e.to_string());
+                continue;
+            }
+        }
+        let line = row.position().map_or(0, |p| p.line());
+        if row.len() == 1 && row.get(0).is_some_and(<[u8]>::is_empty) {
+            continue;
+        }
+        if header.is_none() {
+            if row.iter().any(|cell| cell == b"e2e_ms") {
+                header = Some(row.clone());
+                continue;
+            }
+            // No header: the proxy's own order, as far as this row goes.
+            let known = &COLUMNS[..row.len().min(COLUMNS.len())];
+            header = Some(csv::ByteRecord::from(known.to_vec()));
+        }
+        let Some(columns) = &header else { continue };
+        if row.len() != columns.len() {
+            let message = format!("{} fields, the header has {}", row.len(), columns.len());
+            loaded.problem(name, line, message);
+            continue;
+        }
+        match row.deserialize::<Fields>(Some(columns)) {
+            Ok(fields) => loaded.record(name, line, fields),
+            Err(e) => {
+                let message = match e.kind() {
+                    csv::ErrorKind::Deserialize { err, .. } => {
+                        let column = err
+                            .field()
+                            .and_then(|i| columns.get(i as usize))
+                            .map(|c| String::from_utf8_lossy(c).into_owned());
+                        match column {
+                            Some(column) => format!("{column}: {}", err.kind()),
+                            None => err.kind().to_string(),
+                        }
+                    }
+                    _ => e.to_string(),
+                };
+                loaded.problem(name, line, message);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What reading `bytes` as a file called `name` gives, without touching the disk.
+    fn loaded_from(name: &str, bytes: &[u8]) -> Loaded {
+        let format = detect(Path::new(name), bytes);
+        let mut loaded = Loaded::default();
+        loaded.sources.push(Source {
+            path: name.into(),
+            format,
+            records: 0,
+            malformed: 0,
+        });
+        match format {
+            Format::Jsonl => read_jsonl(name, bytes, &mut loaded).expect("in memory"),
+            Format::Csv => read_csv(name, bytes, &mut loaded).expect("in memory"),
+        }
+        loaded
+    }
+
+    #[test]
+    fn csv_with_the_old_columns_and_no_header_reads() {
+        let text = "2026-01-01T00:00:00.000Z,r1,chat,llama,POST,/v1/chat/completions,200,ok,good,,stop,7,3,usage,6,0.6,201.4,201.4,60.2,60.4,322.1,1,812\n";
+        let loaded = loaded_from("old.log", text.as_bytes());
+        assert_eq!(loaded.malformed, 0, "{:?}", loaded.problems);
+        let f = &loaded.requests[0].fields;
+        assert_eq!(
+            (f.route.as_str(), f.e2e_ms, f.in_flight),
+            ("chat", 322.1, Some(1))
+        );
+        assert_eq!(f.queue_ms, None);
+        assert_eq!(loaded.sources[0].format, Format::Csv);
+    }
+
+    #[test]
+    fn a_bad_cell_names_its_column_and_line() {
+        let text = "ts,route,e2e_ms,in_flight\n2026-01-01T00:00:00Z,chat,12,1\n2026-01-01T00:00:01Z,chat,slow,1\n";
+        let loaded = loaded_from("bad.csv", text.as_bytes());
+        assert_eq!(loaded.requests.len(), 1);
+        let problem = loaded.problems[0].to_string();
+        assert!(problem.contains("bad.csv:3: e2e_ms:"), "{problem}");
+    }
+
+    #[test]
+    fn invalid_utf8_is_one_malformed_line() {
+        let mut bytes =
+            b"{\"ts\":\"2026-01-01T00:00:00Z\",\"route\":\"a\",\"e2e_ms\":1}\n".to_vec();
+        bytes.extend_from_slice(b"\xff\xfe\n");
+        bytes.extend_from_slice(
+            b"{\"ts\":\"2026-01-01T00:00:01Z\",\"route\":\"a\",\"e2e_ms\":2}\r\n",
+        );
+        let loaded = loaded_from("x", &bytes);
+        assert_eq!((loaded.requests.len(), loaded.malformed), (2, 1));
+        assert_eq!(loaded.problems[0].line, 2);
+    }
+}
