@@ -33,6 +33,11 @@ if ! command -v kubernetes-validate >/dev/null 2>&1 \
   python3 -m pip install -q "${validators[@]}" 2>/dev/null \
     || python3 -m pip install -q --break-system-packages "${validators[@]}"
 fi
+# tests/engine.rs: llama.cpp's llama-server and a tiny model, built once into a cache directory
+# outside the repository (about 6 minutes on 2 cores the first time, then nothing to do).
+engine_env=$(bash tests/engine/setup.sh)
+export TOKENMETER_LLAMA_SERVER="$(sed -n 's/^TOKENMETER_LLAMA_SERVER=//p' <<<"$engine_env")"
+export TOKENMETER_LLAMA_MODEL="$(sed -n 's/^TOKENMETER_LLAMA_MODEL=//p' <<<"$engine_env")"
 
 cargo fmt --check
 cargo clippy --all-targets -- -D warnings

@@ -18,11 +18,14 @@ layers' weights are small, so after the final RMSNorm dimension 0 of the hidden 
 sqrt(n_embd) whatever the context. The output matrix's rows are zero except for the safe
 tokens, whose dimension-0 weight gives them a logit of about BONUS (+ noise); every other
 token's logit is exactly 0. With BONUS = 32 the other 150k tokens together have a probability
-below 1e-10 even at temperature 1 with no top-k/top-p/min-p (and the default samplers cut them
-altogether). tests/engine.rs checks both properties on every request it makes.
+below 1e-12 per token at temperature 1 with no top-k/top-p/min-p, about 1e-5 at temperature 2,
+and the server's default samplers (top-k 40, min-p 0.05) cut them altogether.
+tests/engine.rs checks both properties on every request it makes; verify_model.py checks them
+on 400 streams under four samplers.
 
 Size: the vocabulary is 151,936 tokens, so the two vocabulary matrices dominate: with
-n_embd = 64 in f16 that is 2 x 19.4 MB; one token takes a few milliseconds on 2 cores.
+n_embd = 128 in f16 they are 2 x 39 MB (84 MB in all with the tokenizer), and one token takes
+about 2.6 ms with one thread (n_embd = 64: 1.3 ms).
 
 Usage: make_model.py --tree <llama.cpp source tree> --out model.gguf [--seed 20261123]
 """
@@ -34,11 +37,11 @@ from pathlib import Path
 
 import numpy as np
 
-N_EMBD = 64
+N_EMBD = 128
 N_LAYER = 2
 N_HEAD = 4
 N_HEAD_KV = 4
-N_FF = 128
+N_FF = 256
 N_CTX_TRAIN = 4096
 BONUS = 32.0
 N_SAFE = 2048
@@ -108,7 +111,7 @@ def main() -> int:
         w.add_tensor(f"blk.{i}.ffn_up.weight", normal_((N_FF, N_EMBD), 0.02).astype(f16))
         w.add_tensor(f"blk.{i}.ffn_down.weight", normal_((N_EMBD, N_FF), 0.02).astype(f16))
     w.add_tensor("output_norm.weight", np.ones(N_EMBD, dtype=np.float32))
-    # After the final norm, dimension 0 is about sqrt(N_EMBD); the rest are about 0.16 each.
+    # After the final norm, dimension 0 is about sqrt(N_EMBD); the rest are about 0.2 each.
     out = np.zeros((n_vocab, N_EMBD), dtype=np.float32)
     h0 = np.sqrt(N_EMBD)
     out[safe, 0] = (BONUS + rng.standard_normal(len(safe)).astype(np.float32) * 1.5) / h0

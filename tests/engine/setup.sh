@@ -4,7 +4,7 @@
 # tests/engine.rs can run a real inference engine behind tokenmeter. See tests/engine/README.md.
 #
 # Idempotent: when the binary and the model are already there (built with these flags, by this
-# make_model.py) it does nothing. The first build takes 7-9 minutes on 2 cores.
+# make_model.py) it does nothing. The first build takes about 6 minutes on 2 cores.
 #
 # stdout: exactly two lines, for tests/run.sh to export:
 #   TOKENMETER_LLAMA_SERVER=<path of llama-server>
@@ -90,7 +90,7 @@ if ! binary_ok || ! model_ok; then
   fi
 
   if ! binary_ok; then
-    say "building llama-server (7-9 minutes on 2 cores the first time), log: $log"
+    say "building llama-server (about 6 minutes on 2 cores the first time), log: $log"
     started=$(date +%s)
     if ! { cmake -S "$src" -B "$build" "${cmake_flags[@]}" \
       && cmake --build "$build" --config Release --target llama-server -j "$(nproc)"; } \
