@@ -303,7 +303,11 @@ async fn each_ending_gets_its_outcome() {
         let m = proxy.metrics();
         // A model name gets a label of its own only once the upstream answered it with success;
         // before that its failures count under `other`.
-        let model = if (200..300).contains(&got.status) { "m" } else { "other" };
+        let model = if (200..300).contains(&got.status) {
+            "m"
+        } else {
+            "other"
+        };
         let line = format!(
             "tokenmeter_requests_total{{model=\"{model}\",outcome=\"{outcome}\",route=\"default\"}} 1"
         );

@@ -707,7 +707,11 @@ mod tests {
             assert_eq!(&*labels.label(Some(junk), false), "other");
         }
         assert_eq!(&*labels.label(Some("a"), true), "a");
-        assert_eq!(&*labels.label(Some("a"), false), "a", "a known name keeps its label");
+        assert_eq!(
+            &*labels.label(Some("a"), false),
+            "a",
+            "a known name keeps its label"
+        );
         assert_eq!(&*labels.label(Some("b"), true), "b");
         assert_eq!(&*labels.label(Some("c"), true), "other");
     }
@@ -746,8 +750,14 @@ mod tests {
         });
         let text = String::from_utf8(m.render()).unwrap();
         assert!(series(&m) <= 2, "{text}");
-        assert_eq!(&*m.request(Arc::from("default"), Some("m9-0"), true).model, "m9-0");
-        assert_eq!(&*m.request(Arc::from("default"), Some("new"), true).model, "other");
+        assert_eq!(
+            &*m.request(Arc::from("default"), Some("m9-0"), true).model,
+            "m9-0"
+        );
+        assert_eq!(
+            &*m.request(Arc::from("default"), Some("new"), true).model,
+            "other"
+        );
     }
 
     #[test]
