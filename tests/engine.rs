@@ -394,3 +394,65 @@ fn client_hang_up_stops_the_engine() {
         hung_up.elapsed()
     );
 }
+
+/// Sends `n` streamed chats back to back over one keep-alive connection and reads each to its
+/// end; returns how many failed (not a 200, or a body that did not end properly).
+fn back_to_back(addr: &str, n: usize) -> usize {
+    use std::io::{Read, Write};
+    let mut body = chat_body(true, false);
+    body["max_tokens"] = json!(2);
+    let body = body.to_string();
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    conn.set_nodelay(true).unwrap();
+    conn.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    let mut failed = 0;
+    let mut buf = vec![0u8; 16 << 10];
+    for _ in 0..n {
+        if conn.write_all(request.as_bytes()).is_err() {
+            failed += 1;
+            conn = std::net::TcpStream::connect(addr).unwrap();
+            continue;
+        }
+        let mut got = Vec::new();
+        let ok = loop {
+            match conn.read(&mut buf) {
+                Ok(0) | Err(_) => break false,
+                Ok(k) => got.extend_from_slice(&buf[..k]),
+            }
+            if got.ends_with(b"0\r\n\r\n") {
+                break got.starts_with(b"HTTP/1.1 200");
+            }
+        };
+        if !ok {
+            failed += 1;
+            conn = std::net::TcpStream::connect(addr).unwrap();
+        }
+    }
+    failed
+}
+
+/// llama.cpp closes every kept-alive connection right after a streamed response, without
+/// `Connection: close`. Clients sending back to back used to meet the dead pooled connection:
+/// some of their requests failed with 502. A thousand back-to-back streams through the proxy
+/// must all succeed, the proxy retrying what met a dead connection.
+#[test]
+fn a_thousand_back_to_back_streams_all_succeed() {
+    const N: usize = 1000;
+    let engine = Engine::start();
+    let proxy = Proxy::start(&engine.addr);
+    let failed = back_to_back(&proxy.listen, N);
+    assert_eq!(failed, 0, "{failed} of {N} back-to-back requests failed");
+    let records = proxy.records(N);
+    let not_ok: Vec<&Value> = records.iter().filter(|r| r["outcome"] != "ok").collect();
+    assert!(not_ok.is_empty(), "{} records not ok: {:?}", not_ok.len(), not_ok.first());
+    let m = proxy.metrics();
+    let retries = metric(&m, "tokenmeter_upstream_retries_total", &[]).unwrap_or(0.0);
+    let reused = records.iter().filter(|r| r["upstream_conn"] == "reused").count();
+    eprintln!("{N} streams: {retries} retries, {reused} on a reused connection");
+}
