@@ -412,8 +412,10 @@ impl Active {
         };
         let usage_tokens = summary.and_then(|s| s.usage_output_tokens);
         let output_tokens = usage_tokens.unwrap_or_else(|| summary.map_or(0, |s| s.output_events));
+        // With every token handed on at one instant (a non-streaming body) no time per token was
+        // seen: TPOT is undefined, not zero (docs/MEASUREMENT.md).
         let tpot = match (self.t_first_token, self.t_last_token) {
-            (Some(first), Some(last)) if output_tokens >= 2 => Some(
+            (Some(first), Some(last)) if output_tokens >= 2 && last > first => Some(
                 last.saturating_duration_since(first)
                     / (output_tokens - 1).min(u32::MAX as u64) as u32,
             ),
