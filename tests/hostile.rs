@@ -147,7 +147,7 @@ async fn rapid_reset_gets_goaway_and_bounds_upstream_requests() {
     let mut up = upstream(|_| Script::silent()).await;
     let p = proxy(up.addr, |_| {}).await;
     let tcp = TcpStream::connect(p.running.listen).await.unwrap();
-    let (mut client, connection) = h2::client::handshake(tcp).await.unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
     let driver = tokio::spawn(connection);
     let mut sent = 0;
     let mut refused = false;
