@@ -17,6 +17,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, StatusCode};
+use prometheus::local::LocalHistogram;
 use tokio::time::Instant;
 
 use super::meter::Meter;
@@ -28,6 +29,9 @@ use crate::policy::slo::{self, Verdict};
 use crate::publish::live::{self, GapSketch};
 use crate::publish::metrics::{InFlight, RequestMetrics};
 use crate::publish::record::Record;
+
+/// How often a stream's inter-token gaps reach the shared ITL histogram while it goes on.
+const ITL_FLUSH_EVERY: Duration = Duration::from_secs(1);
 
 /// The longest `x-request-id` copied into the record; longer ones are cut.
 const MAX_REQUEST_ID: usize = 128;
@@ -68,6 +72,11 @@ struct Active {
     max_itl: Option<Duration>,
     /// Every inter-token gap, for the live view's ITL percentiles; merged once at finish.
     itl: GapSketch,
+    /// The gaps for the ITL histogram, counted here without touching the shared family's
+    /// atomics per event; flushed into it at most once a second and at finish, so a long
+    /// stream's stutter still shows before it ends.
+    itl_local: Option<LocalHistogram>,
+    itl_flushed: Instant,
     bytes: u64,
     /// Keeps the request counted in the whole process's in-flight total until it finishes.
     _total: TotalGuard,
@@ -157,6 +166,8 @@ impl Recorder {
             t_last_token: None,
             max_itl: None,
             itl: GapSketch::default(),
+            itl_local: None,
+            itl_flushed: t_start,
             bytes: 0,
             _total: total,
             in_flight_total_at_start,
@@ -342,12 +353,20 @@ impl Active {
                 self.itl.add(gap);
             }
             self.itl.add_zeros(zero_gaps);
-            let itl = &self.resolve_handles(false).itl;
-            if let Some(gap) = gap {
-                itl.observe(gap.as_secs_f64());
+            if self.itl_local.is_none() {
+                self.itl_local = Some(self.resolve_handles(false).itl.local());
             }
-            for _ in 0..zero_gaps {
-                itl.observe(0.0);
+            if let Some(itl) = &self.itl_local {
+                if let Some(gap) = gap {
+                    itl.observe(gap.as_secs_f64());
+                }
+                for _ in 0..zero_gaps {
+                    itl.observe(0.0);
+                }
+                if now.saturating_duration_since(self.itl_flushed) >= ITL_FLUSH_EVERY {
+                    itl.flush();
+                    self.itl_flushed = now;
+                }
             }
             let largest = gap.unwrap_or(Duration::ZERO);
             self.max_itl = Some(self.max_itl.map_or(largest, |m| m.max(largest)));
@@ -443,6 +462,9 @@ impl Active {
             .as_ref()
             .and_then(|r| r.summary().finish_reason)
             .map(|r| r.as_str());
+        if let Some(itl) = &self.itl_local {
+            itl.flush();
+        }
         let h = self.resolve_handles(false);
         let secs = |d: Duration| d.as_secs_f64();
         if let Some(d) = f.ttfb {
