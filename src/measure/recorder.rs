@@ -63,7 +63,7 @@ struct Active {
     in_flight_at_start: i64,
 
     status: Option<StatusCode>,
-    handles: Option<RequestMetrics>,
+    handles: Option<Arc<RequestMetrics>>,
     reader: Option<StreamReader>,
     t_first_byte: Option<Instant>,
     t_first_token: Option<Instant>,
@@ -487,11 +487,9 @@ impl Active {
         if let Some(p) = f.prompt_tokens {
             h.prompt_tokens_total.inc_by(p);
         }
-        meter
-            .metrics
-            .count_request(&h.route, &h.model, f.outcome.as_str());
+        h.count_outcome(f.outcome.as_str());
         if let Some(reason) = finish_reason {
-            meter.metrics.count_finish_reason(&h.route, reason);
+            h.count_finish_reason(reason);
         }
         // A compressed stream was not read: zero tokens there say nothing, so it is not judged.
         let verdict = route.slo.as_ref().map(|slo| match self.read {
@@ -522,7 +520,7 @@ impl Active {
             Some(Verdict::Violated(criteria)) => {
                 h.slo_eligible.inc();
                 for c in criteria {
-                    meter.metrics.count_violation(&h.route, &h.model, *c);
+                    h.count_violation(*c);
                 }
             }
             Some(Verdict::Excluded) | None => {}

@@ -9,7 +9,8 @@
 //! updates the SLO gauges and the model-label policy, and replaces the histogram families only
 //! when the configured thresholds changed their buckets; counters carry on.
 
-use std::sync::{Arc, Mutex, RwLock};
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
 use std::time::SystemTime;
 
@@ -27,6 +28,18 @@ pub(crate) const UNKNOWN_MODEL: &str = "unknown";
 /// Why a request was sent upstream again: the reused connection was closed before the request
 /// was written, or after it was written but before any byte of the answer.
 pub(crate) const UPSTREAM_RETRY_REASONS: [&str; 2] = ["not_sent", "closed"];
+/// The outcomes a request is counted under.
+const OUTCOMES: [&str; 4] = ["ok", "error", "client_error", "cancelled"];
+/// The bounded set of finish reasons.
+const FINISH_REASONS: [&str; 7] = [
+    "stop",
+    "length",
+    "tool_calls",
+    "content_filter",
+    "refusal",
+    "error",
+    "other",
+];
 /// Label value for models past the label limit.
 pub(crate) const OTHER_MODEL: &str = "other";
 
@@ -68,6 +81,10 @@ pub(crate) struct Metrics {
     /// Requests sent upstream again, by why.
     upstream_retries: IntCounterVec,
     models: RwLock<Arc<ModelLabels>>,
+    /// Every (route, model label)'s handles, resolved once: a request takes a read lock and a
+    /// hash lookup, not a dozen label lookups. Bounded by routes × labels; emptied when a
+    /// reload rebuilds families or removes a model's series.
+    handles: RwLock<HashMap<(Arc<str>, Arc<str>), Arc<RequestMetrics>>>,
 }
 
 /// The histogram families, whose buckets depend on the configured thresholds.
@@ -160,6 +177,15 @@ impl Histograms {
 pub(crate) struct RequestMetrics {
     pub(crate) route: Arc<str>,
     pub(crate) model: Arc<str>,
+    /// Per outcome, resolved on first use (only outcomes that happen get a series).
+    outcomes: [OnceLock<IntCounter>; 4],
+    /// Per failed criterion, resolved on first use.
+    violations: [OnceLock<IntCounter>; 5],
+    /// Per finish reason (labelled by route only), resolved on first use.
+    finish_reasons: [OnceLock<IntCounter>; 7],
+    requests_family: IntCounterVec,
+    violations_family: IntCounterVec,
+    finish_reasons_family: IntCounterVec,
     pub(crate) ttfb: Histogram,
     pub(crate) ttft: Histogram,
     pub(crate) ttfc: Histogram,
@@ -172,6 +198,47 @@ pub(crate) struct RequestMetrics {
     pub(crate) slo_eligible: IntCounter,
     pub(crate) slo_good: IntCounter,
     pub(crate) slo_good_output_tokens: IntCounter,
+}
+
+impl RequestMetrics {
+    /// Counts a finished request by its outcome.
+    pub(crate) fn count_outcome(&self, outcome: &str) {
+        let Some(index) = OUTCOMES.iter().position(|o| *o == outcome) else {
+            return;
+        };
+        self.outcomes[index]
+            .get_or_init(|| {
+                self.requests_family
+                    .with_label_values(&[&self.route, &self.model, outcome])
+            })
+            .inc();
+    }
+
+    /// Counts a failed SLO criterion.
+    pub(crate) fn count_violation(&self, criterion: Criterion) {
+        let index = Criterion::ALL
+            .iter()
+            .position(|c| *c == criterion)
+            .unwrap_or(0);
+        self.violations[index]
+            .get_or_init(|| {
+                self.violations_family
+                    .with_label_values(&[&self.route, &self.model, criterion.as_str()])
+            })
+            .inc();
+    }
+
+    /// Counts a finish reason.
+    pub(crate) fn count_finish_reason(&self, reason: &str) {
+        let index = FINISH_REASONS.iter().position(|r| *r == reason);
+        if let Some(cell) = index.and_then(|i| self.finish_reasons.get(i)) {
+            cell.get_or_init(|| {
+                self.finish_reasons_family
+                    .with_label_values(&[&self.route, reason])
+            })
+            .inc();
+        }
+    }
 }
 
 /// The request's place in `tokenmeter_in_flight_requests`: it counts until dropped.
@@ -343,6 +410,7 @@ impl Metrics {
                 &["reason"],
             ),
             models: RwLock::new(Arc::new(ModelLabels::new(config))),
+            handles: RwLock::new(HashMap::new()),
         };
         let build_info = IntGaugeVec::new(
             Opts::new(
@@ -410,6 +478,7 @@ impl Metrics {
                 register(&self.registry, new.clone());
             }
             *self.histograms.write().unwrap_or_else(|p| p.into_inner()) = next;
+            self.forget_handles();
         }
         let models = ModelLabels::new(config);
         let mut current = self.models.write().unwrap_or_else(|p| p.into_inner());
@@ -420,6 +489,7 @@ impl Metrics {
             *current = Arc::new(models);
             drop(current);
             self.remove_models(&dropped);
+            self.forget_handles();
         } else {
             drop(current);
         }
@@ -471,6 +541,15 @@ impl Metrics {
     }
 
     /// Counts a request in flight on its route until the returned guard is dropped.
+    /// Drops the resolved handles, after a reload changed what they point to. Requests in
+    /// flight keep theirs (counts into replaced families go unseen, as before).
+    fn forget_handles(&self) {
+        self.handles
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+    }
+
     /// Removes every series labelled with one of `models`.
     fn remove_models(&self, models: &[Arc<str>]) {
         if models.is_empty() {
@@ -529,21 +608,31 @@ impl Metrics {
     }
 
     /// Resolves one request's handles.
-    /// Resolves a request's handles; `admit`: its model may take a new label.
+    /// A request's handles; `admit`: its model may take a new label.
     pub(crate) fn request(
         &self,
         route: Arc<str>,
         model: Option<&str>,
         admit: bool,
-    ) -> RequestMetrics {
+    ) -> Arc<RequestMetrics> {
         let model = self
             .models
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .label(model, admit);
+        let key = (route, model);
+        if let Some(handles) = self
+            .handles
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+        {
+            return handles.clone();
+        }
+        let (route, model) = key;
         let h = self.histograms();
         let labels = [&*route, &*model];
-        RequestMetrics {
+        let handles = Arc::new(RequestMetrics {
             ttfb: h.ttfb.with_label_values(&labels),
             ttft: h.ttft.with_label_values(&labels),
             ttfc: h.ttfc.with_label_values(&labels),
@@ -556,30 +645,20 @@ impl Metrics {
             slo_eligible: self.slo_eligible.with_label_values(&labels),
             slo_good: self.slo_good.with_label_values(&labels),
             slo_good_output_tokens: self.slo_good_output_tokens.with_label_values(&labels),
-            route,
-            model,
-        }
-    }
-
-    /// Counts a finished request by outcome.
-    pub(crate) fn count_request(&self, route: &str, model: &str, outcome: &str) {
-        self.requests
-            .with_label_values(&[route, model, outcome])
-            .inc();
-    }
-
-    /// Counts a failed SLO criterion.
-    pub(crate) fn count_violation(&self, route: &str, model: &str, criterion: Criterion) {
-        self.slo_violations
-            .with_label_values(&[route, model, criterion.as_str()])
-            .inc();
-    }
-
-    /// Counts a finish reason.
-    pub(crate) fn count_finish_reason(&self, route: &str, reason: &str) {
-        self.finish_reasons
-            .with_label_values(&[route, reason])
-            .inc();
+            outcomes: Default::default(),
+            violations: Default::default(),
+            finish_reasons: Default::default(),
+            requests_family: self.requests.clone(),
+            violations_family: self.slo_violations.clone(),
+            finish_reasons_family: self.finish_reasons.clone(),
+            route: route.clone(),
+            model: model.clone(),
+        });
+        self.handles
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((route, model), handles.clone());
+        handles
     }
 
     /// The Prometheus text exposition of every family.
@@ -597,7 +676,7 @@ impl Metrics {
 pub(crate) struct ModelLabels {
     listed: Option<Vec<Arc<str>>>,
     limit: usize,
-    seen: Mutex<Vec<Arc<str>>>,
+    seen: RwLock<Vec<Arc<str>>>,
     unknown: Arc<str>,
     other: Arc<str>,
 }
@@ -610,7 +689,7 @@ impl ModelLabels {
                 .as_ref()
                 .map(|names| names.iter().map(|n| Arc::from(n.as_str())).collect()),
             limit: config.model_label_limit,
-            seen: Mutex::new(Vec::new()),
+            seen: RwLock::new(Vec::new()),
             unknown: Arc::from(UNKNOWN_MODEL),
             other: Arc::from(OTHER_MODEL),
         }
@@ -625,10 +704,10 @@ impl ModelLabels {
     fn inherit(&self, old: &ModelLabels) -> Vec<Arc<str>> {
         let old_names: Vec<Arc<str>> = match &old.listed {
             Some(listed) => listed.clone(),
-            None => old.seen.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            None => old.seen.read().unwrap_or_else(|p| p.into_inner()).clone(),
         };
         let mut dropped = Vec::new();
-        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let mut seen = self.seen.write().unwrap_or_else(|p| p.into_inner());
         for name in old_names {
             let kept = match &self.listed {
                 Some(listed) => listed.contains(&name),
@@ -658,7 +737,19 @@ impl ModelLabels {
                 .cloned()
                 .unwrap_or_else(|| self.other.clone());
         }
-        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(known) = self
+            .seen
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .find(|s| ***s == *model)
+        {
+            return known.clone();
+        }
+        if !admit {
+            return self.other.clone();
+        }
+        let mut seen = self.seen.write().unwrap_or_else(|p| p.into_inner());
         if let Some(known) = seen.iter().find(|s| ***s == *model) {
             return known.clone();
         }
@@ -738,8 +829,8 @@ mod tests {
                 ..Config::default()
             });
             for name in &names {
-                let r = m.request(Arc::from("default"), Some(name), true);
-                m.count_request(&r.route, &r.model, "ok");
+                m.request(Arc::from("default"), Some(name), true)
+                    .count_outcome("ok");
             }
             assert!(series(&m) <= 4, "round {round}: {} series", series(&m));
         }
@@ -767,7 +858,8 @@ mod tests {
         let two =
             Config::parse("routes:\n  - name: a\n    slo: {ttft: 444ms}\n", "t.yaml").unwrap();
         let m = Metrics::new(&one);
-        m.count_request("a", "x", "ok");
+        m.request(Arc::from("a"), Some("x"), true)
+            .count_outcome("ok");
         let old = m.request(Arc::from("a"), Some("x"), true);
         m.reconfigure(&two);
         // A request that started before the reload finishes into the old family, unseen.
@@ -824,7 +916,8 @@ mod tests {
         let m = Metrics::new(&Config::default());
         let r = m.request(Arc::from("default"), Some("llama"), true);
         r.ttft.observe(0.2);
-        m.count_request("default", "llama", "ok");
+        m.request(Arc::from("default"), Some("llama"), true)
+            .count_outcome("ok");
         let _g = m.in_flight("default");
         let text = String::from_utf8(m.render()).unwrap();
         for name in [
