@@ -5,7 +5,7 @@
 //!
 //! | floor | holds |
 //! |---|---|
-//! | `tools` | the subcommands: sim, bench, demo, rules, inject; users of this public API only |
+//! | `tools` | the subcommands: sim, bench, demo, rules, inject, report; users of this public API only |
 //! | `proxy` | accept loop and health, the service, forwarding, the request body, admin, reload |
 //! | `measure` | the recorder (one `finish`), the timed body, the model slot, the meter |
 //! | `publish` | Prometheus metrics, the live view, the per-request record |

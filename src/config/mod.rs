@@ -2,7 +2,21 @@
 //!
 //! Configuration is data: the YAML is read once into typed values and checked before anything
 //! uses it. Every error names the file, the field (with its line where the YAML parser gives it)
-//! and the problem; unknown fields are refused, so a typo never silently means "default".
+//! and the problem, in one line that quotes at most a short excerpt of the file; unknown fields
+//! are refused, so a typo never silently means "default".
+//!
+//! A configuration file cannot hurt the process that reads it, whether `check`, the start or a
+//! reload: only a regular file of at most 256 KiB is read ([`file`]), nesting deeper than 16
+//! levels is refused before the YAML parser runs ([`nesting`]), and every list, map and string
+//! is bounded while it is read ([`bounded`]), so that no alias expansion can build more than
+//! the limits below allow: 256 routes of at most 52 strings each (name, path, path prefix,
+//! model glob, 16 methods, 16 header names and values) and 1,000 models, every string at most
+//! 1 KiB: about 14 MiB in the very worst case, against a few KB for a real configuration.
+
+mod bounded;
+mod excerpt;
+mod file;
+mod nesting;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -10,13 +24,26 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::de::{self, Deserializer, Visitor};
+use serde::de::{self, DeserializeSeed, Deserializer, Visitor};
 use serde::Deserialize;
+
+use bounded::{Entries, List, Optional, Plain, Text};
+pub use excerpt::{excerpt, one_line};
+pub use file::{read as read_file, MAX_FILE_BYTES};
+pub use nesting::MAX_NESTING;
 
 /// The name of the route that takes every request no configured route matched.
 pub const DEFAULT_ROUTE: &str = "default";
 /// How many distinct model names get a label of their own before the rest become `other`.
 pub const DEFAULT_MODEL_LABEL_LIMIT: usize = 16;
+/// The most routes a configuration may hold; each one is a set of series in `/metrics`.
+pub const MAX_ROUTES: usize = 256;
+/// The most names in `models`, as many as `model_label_limit` allows labels.
+pub const MAX_MODELS: usize = 1000;
+/// The most methods one route may match (HTTP defines nine).
+pub const MAX_METHODS: usize = 16;
+/// The most header conditions one route may have.
+pub const MAX_HEADERS: usize = 16;
 
 /// A checked configuration, ready to serve.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -32,8 +59,10 @@ pub struct Config {
     pub access_log: Option<AccessLog>,
     pub timeouts: Timeouts,
     /// Routes in match order; the first match wins.
+    #[serde(deserialize_with = "routes")]
     pub routes: Vec<Route>,
     /// Model names that get a metric label of their own; any other model is `other`.
+    #[serde(deserialize_with = "models")]
     pub models: Option<Vec<String>>,
     /// Without `models`, how many distinct model names get a label before the rest are `other`.
     pub model_label_limit: usize,
@@ -154,7 +183,9 @@ impl Upstream {
     pub fn parse(text: &str) -> Result<Self, String> {
         let uri: http::Uri = text
             .parse()
-            .map_err(|e| format!("invalid upstream URL `{text}`: {e}"))?;
+            .map_err(|e| format!("invalid upstream URL `{}`: {e}", excerpt(text)))?;
+        // Quoted only as an excerpt in the messages below.
+        let text = excerpt(text);
         let scheme = uri.scheme().cloned().ok_or_else(|| {
             format!("upstream `{text}` needs a scheme, like http://127.0.0.1:8000")
         })?;
@@ -184,7 +215,7 @@ impl fmt::Display for Upstream {
 
 impl<'de> Deserialize<'de> for Upstream {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(d)?;
+        let text = Text.deserialize(d)?;
         Upstream::parse(&text).map_err(de::Error::custom)
     }
 }
@@ -207,7 +238,7 @@ pub enum LogPath {
 
 impl<'de> Deserialize<'de> for LogPath {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(d)?;
+        let text = Text.deserialize(d)?;
         match text.as_str() {
             "" => Err(de::Error::custom(
                 "empty path: give a file path, or - for standard output",
@@ -230,12 +261,13 @@ pub enum LogFormat {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Timeouts {
-    /// Connecting to the upstream; past it the client gets 502.
-    #[serde(deserialize_with = "duration")]
+    /// Connecting to the upstream; past it the client gets 502. Zero would fail every request.
+    #[serde(deserialize_with = "positive_duration")]
     pub connect: Duration,
     /// From forwarding the request to the upstream's response head; past it the client gets 504.
     /// Non-streaming completions send their head only when generation is done, so this is long.
-    #[serde(deserialize_with = "duration")]
+    /// Zero would fail every request.
+    #[serde(deserialize_with = "positive_duration")]
     pub response_head: Duration,
     /// After SIGTERM, how long in-flight streams may go on before the process exits anyway.
     #[serde(deserialize_with = "duration")]
@@ -279,6 +311,7 @@ impl Default for Timeouts {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Route {
+    #[serde(deserialize_with = "text")]
     pub name: String,
     #[serde(default, rename = "match")]
     pub matcher: Match,
@@ -302,7 +335,7 @@ impl Visitor<'_> for DialectVisitor {
     }
 
     fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-        v.parse().map_err(E::custom)
+        bounded::check_length(v)?.parse().map_err(E::custom)
     }
 }
 
@@ -314,33 +347,112 @@ fn dialect<'de, D: Deserializer<'de>>(d: D) -> Result<Option<crate::parse::Diale
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Match {
+    #[serde(default, deserialize_with = "optional_text")]
     pub path: Option<String>,
+    #[serde(default, deserialize_with = "optional_text")]
     pub path_prefix: Option<String>,
+    #[serde(default, deserialize_with = "methods")]
     pub methods: Option<Vec<String>>,
+    #[serde(default, deserialize_with = "headers")]
     pub headers: Option<BTreeMap<String, HeaderMatch>>,
     /// A glob over the request's `model` (`*` and `?`).
+    #[serde(default, deserialize_with = "optional_text")]
     pub model: Option<String>,
 }
 
 /// A header condition: an exact value, or `true` for "present with any value".
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(untagged)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HeaderMatch {
     Present(bool),
     Exact(String),
+}
+
+// Not `#[serde(untagged)]`: that buffers the whole value, whatever its shape, before trying
+// each variant, so an alias bomb under a header would be expanded in full.
+impl<'de> Deserialize<'de> for HeaderMatch {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(HeaderMatchVisitor)
+    }
+}
+
+struct HeaderMatchVisitor;
+
+impl Visitor<'_> for HeaderMatchVisitor {
+    type Value = HeaderMatch;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a header value, or `true` for \"present\"")
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<HeaderMatch, E> {
+        Ok(HeaderMatch::Present(v))
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<HeaderMatch, E> {
+        bounded::check_length(v).map(|v| HeaderMatch::Exact(v.to_owned()))
+    }
+}
+
+fn text<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    Text.deserialize(d)
+}
+
+fn optional_text<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    Optional(Text).deserialize(d)
+}
+
+fn routes<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Route>, D::Error> {
+    List {
+        element: Plain::<Route>::new(),
+        max: MAX_ROUTES,
+        what: "routes",
+    }
+    .deserialize(d)
+}
+
+fn models<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<String>>, D::Error> {
+    Optional(List {
+        element: Text,
+        max: MAX_MODELS,
+        what: "models",
+    })
+    .deserialize(d)
+}
+
+fn methods<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<String>>, D::Error> {
+    Optional(List {
+        element: Text,
+        max: MAX_METHODS,
+        what: "methods",
+    })
+    .deserialize(d)
+}
+
+fn headers<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<BTreeMap<String, HeaderMatch>>, D::Error> {
+    let entries = Optional(Entries {
+        key: Text,
+        value: Plain::<HeaderMatch>::new(),
+        max: MAX_HEADERS,
+        what: "headers",
+    })
+    .deserialize(d)?;
+    Ok(entries.map(|entries| entries.into_iter().collect()))
 }
 
 /// A route's promise to its users. Thresholds are inclusive (`≤`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Slo {
-    #[serde(default, deserialize_with = "opt_duration")]
+    // A threshold of zero can never be met: every request would be bad.
+    #[serde(default, deserialize_with = "opt_positive_duration")]
     pub ttft: Option<Duration>,
-    #[serde(default, deserialize_with = "opt_duration")]
+    #[serde(default, deserialize_with = "opt_positive_duration")]
     pub tpot: Option<Duration>,
-    #[serde(default, deserialize_with = "opt_duration")]
+    #[serde(default, deserialize_with = "opt_positive_duration")]
     pub e2e: Option<Duration>,
-    #[serde(default, deserialize_with = "opt_duration")]
+    #[serde(default, deserialize_with = "opt_positive_duration")]
     pub max_itl: Option<Duration>,
     /// The fraction of requests that must be good, in `0..=1`.
     #[serde(default, deserialize_with = "opt_ratio")]
@@ -355,12 +467,14 @@ pub struct ConfigError {
     pub message: String,
 }
 
+// Whoever built the message, it prints as one short line quoting only excerpts.
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
             "invalid configuration in {}: {}",
-            self.origin, self.message
+            one_line(&self.origin),
+            one_line(&self.message)
         )
     }
 }
@@ -368,10 +482,10 @@ impl fmt::Display for ConfigError {
 impl std::error::Error for ConfigError {}
 
 impl Config {
-    /// Reads and checks a configuration file.
+    /// Reads and checks a configuration file, within the limits of [`read_file`].
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let origin = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+        let text = read_file(path).map_err(|e| ConfigError {
             origin: origin.clone(),
             message: format!("cannot read the file: {e}"),
         })?;
@@ -384,6 +498,13 @@ impl Config {
             origin: origin.to_string(),
             message,
         };
+        if text.len() as u64 > MAX_FILE_BYTES {
+            return Err(error(format!(
+                "{} bytes is larger than {} KiB, the limit for a configuration",
+                text.len(),
+                MAX_FILE_BYTES / 1024
+            )));
+        }
         // An empty file (or one holding only comments) means "all defaults".
         let config: Config = if text.lines().all(|l| {
             let l = l.trim();
@@ -391,7 +512,15 @@ impl Config {
         }) {
             Config::default()
         } else {
-            serde_yaml::from_str(text).map_err(|e| error(e.to_string()))?
+            nesting::check(text, MAX_NESTING).map_err(|at| {
+                error(format!(
+                    "nested deeper than {MAX_NESTING} levels at line {} column {}; a configuration needs at most 5",
+                    at.line, at.column
+                ))
+            })?;
+            serde_yaml::from_str::<Document>(text)
+                .map_err(|e| error(e.to_string()))?
+                .0
         };
         config.validate().map_err(error)?;
         Ok(config)
@@ -408,12 +537,14 @@ impl Config {
                     .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
             {
                 return Err(format!(
-                    "routes[{i}].name: `{name}` must be non-empty and use only letters, digits, `_`, `-` and `.` (it becomes a metric label)"
+                    "routes[{i}].name: `{}` must be non-empty and use only letters, digits, `_`, `-` and `.` (it becomes a metric label)",
+                    excerpt(name)
                 ));
             }
             if !seen.insert(name) {
                 return Err(format!(
-                    "routes[{i}].name: `{name}` is used by an earlier route"
+                    "routes[{i}].name: `{}` is used by an earlier route",
+                    excerpt(name)
                 ));
             }
             if name == DEFAULT_ROUTE && route.matcher != Match::default() {
@@ -424,28 +555,32 @@ impl Config {
             if let Some(prefix) = &route.matcher.path_prefix {
                 if !prefix.starts_with('/') {
                     return Err(format!(
-                        "routes[{i}].match.path_prefix: `{prefix}` must start with `/`"
+                        "routes[{i}].match.path_prefix: `{}` must start with `/`",
+                        excerpt(prefix)
                     ));
                 }
             }
             if let Some(path) = &route.matcher.path {
                 if !path.starts_with('/') {
                     return Err(format!(
-                        "routes[{i}].match.path: `{path}` must start with `/`"
+                        "routes[{i}].match.path: `{}` must start with `/`",
+                        excerpt(path)
                     ));
                 }
             }
             for method in route.matcher.methods.iter().flatten() {
                 if http::Method::from_bytes(method.as_bytes()).is_err() {
                     return Err(format!(
-                        "routes[{i}].match.methods: `{method}` is not an HTTP method"
+                        "routes[{i}].match.methods: `{}` is not an HTTP method",
+                        excerpt(method)
                     ));
                 }
             }
             for (header, _) in route.matcher.headers.iter().flatten() {
                 if http::HeaderName::from_bytes(header.as_bytes()).is_err() {
                     return Err(format!(
-                        "routes[{i}].match.headers: `{header}` is not a header name"
+                        "routes[{i}].match.headers: `{}` is not a header name",
+                        excerpt(header)
                     ));
                 }
             }
@@ -517,6 +652,7 @@ impl Config {
 /// Parses a duration written with a unit: `300ms`, `2s`, `1m`, `1h30m`.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let trimmed = text.trim();
+    let text = excerpt(text);
     if trimmed.bytes().all(|b| b.is_ascii_digit() || b == b'.') && !trimmed.is_empty() {
         return Err(format!(
             "`{text}` has no unit: write it like 300ms, 2s or 1m"
@@ -526,7 +662,12 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         .map_err(|e| format!("`{text}` is not a duration ({e}): write it like 300ms, 2s or 1m"))
 }
 
-struct DurationVisitor;
+/// Reads a duration; with `if_zero`, a zero duration is refused with that message. Checked
+/// inside the visitor so that serde_yaml names the field and its line.
+#[derive(Default)]
+struct DurationVisitor {
+    if_zero: Option<&'static str>,
+}
 
 impl Visitor<'_> for DurationVisitor {
     type Value = Duration;
@@ -536,7 +677,11 @@ impl Visitor<'_> for DurationVisitor {
     }
 
     fn visit_str<E: de::Error>(self, v: &str) -> Result<Duration, E> {
-        parse_duration(v).map_err(E::custom)
+        let duration = parse_duration(bounded::check_length(v)?).map_err(E::custom)?;
+        match self.if_zero {
+            Some(message) if duration.is_zero() => Err(E::custom(message)),
+            _ => Ok(duration),
+        }
     }
 
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<Duration, E> {
@@ -559,11 +704,86 @@ impl Visitor<'_> for DurationVisitor {
 }
 
 fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-    d.deserialize_any(DurationVisitor)
+    d.deserialize_any(DurationVisitor::default())
 }
 
-fn opt_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-    d.deserialize_any(DurationVisitor).map(Some)
+fn positive_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    d.deserialize_any(DurationVisitor {
+        if_zero: Some("0s would fail every request: give a positive duration, like 5s"),
+    })
+}
+
+fn opt_positive_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    d.deserialize_any(DurationVisitor {
+        if_zero: Some(
+            "0s can never be met, so every request would be bad: give a positive duration, like 300ms",
+        ),
+    })
+    .map(Some)
+}
+
+/// The whole file: a mapping of settings. Anything else is refused without quoting it, since
+/// a file that is not a mapping is most likely not a configuration at all.
+struct Document(Config);
+
+impl<'de> Deserialize<'de> for Document {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(DocumentVisitor)
+    }
+}
+
+struct DocumentVisitor;
+
+impl DocumentVisitor {
+    fn not_a_mapping<E: de::Error>(holds: &str) -> E {
+        E::custom(format!(
+            "the file holds {holds}, not a mapping of settings like `listen: 0.0.0.0:8080`: is it a tokenmeter configuration?"
+        ))
+    }
+}
+
+impl<'de> Visitor<'de> for DocumentVisitor {
+    type Value = Document;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a mapping of settings")
+    }
+
+    fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<Document, A::Error> {
+        Config::deserialize(de::value::MapAccessDeserializer::new(map)).map(Document)
+    }
+
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Document, E> {
+        Err(Self::not_a_mapping("a boolean"))
+    }
+
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Document, E> {
+        Err(Self::not_a_mapping("a number"))
+    }
+
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Document, E> {
+        Err(Self::not_a_mapping("a number"))
+    }
+
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Document, E> {
+        Err(Self::not_a_mapping("a number"))
+    }
+
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<Document, E> {
+        Err(Self::not_a_mapping("a string"))
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Document, E> {
+        Err(Self::not_a_mapping("null"))
+    }
+
+    fn visit_seq<A: de::SeqAccess<'de>>(self, _: A) -> Result<Document, A::Error> {
+        Err(Self::not_a_mapping("a list"))
+    }
+
+    fn visit_enum<A: de::EnumAccess<'de>>(self, _: A) -> Result<Document, A::Error> {
+        Err(Self::not_a_mapping("a tagged value"))
+    }
 }
 
 /// A number checked as it is read: the check runs inside the visitor so that serde_yaml names
@@ -644,7 +864,8 @@ impl Visitor<'_> for CurrencyVisitor {
             Ok(v.to_string())
         } else {
             Err(E::custom(format!(
-                "`{v}` is not a currency code: write three capital letters, like USD or EUR"
+                "`{}` is not a currency code: write three capital letters, like USD or EUR",
+                excerpt(v)
             )))
         }
     }

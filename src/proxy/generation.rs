@@ -83,9 +83,7 @@ impl Generations {
     ) -> std::io::Result<Generations> {
         let metrics = Arc::new(Metrics::new(&config));
         let generation = build(&config, None, None, &metrics)?;
-        let last_seen = source
-            .as_ref()
-            .map(|path| std::fs::read_to_string(path).map_err(|e| e.to_string()));
+        let last_seen = source.as_ref().map(|path| crate::config::read_file(path));
         Ok(Generations {
             current: ArcSwap::from_pointee(generation),
             running: Mutex::new(config),
@@ -118,7 +116,7 @@ impl Generations {
         let Some(path) = &self.source else {
             return Ok(Reloaded::Unchanged);
         };
-        let text = std::fs::read_to_string(path).map_err(|e| e.to_string());
+        let text = crate::config::read_file(path);
         *self.last_seen.lock().unwrap_or_else(|p| p.into_inner()) = Some(text.clone());
         self.apply(text)
     }
@@ -144,9 +142,10 @@ impl Generations {
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             ticks.tick().await;
-            let text = tokio::fs::read_to_string(&path)
+            let read = path.clone();
+            let text = tokio::task::spawn_blocking(move || crate::config::read_file(&read))
                 .await
-                .map_err(|e| e.to_string());
+                .unwrap_or_else(|e| Err(e.to_string()));
             {
                 let mut last = self.last_seen.lock().unwrap_or_else(|p| p.into_inner());
                 if last.as_ref() == Some(&text) {

@@ -45,6 +45,10 @@ impl Running {
         let _ = self.task.await;
         self.admin_task.abort();
         self.watch_task.abort();
+        // The responses that just ended queued their records: they reach the file before exit.
+        if let Some(log) = &self.generations.current().meter.access_log {
+            log.close();
+        }
     }
 
     /// Re-reads the configuration file and swaps in what it says, if valid.

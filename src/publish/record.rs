@@ -1,16 +1,22 @@
 //! The per-request record: one line per finished request, as JSON lines or CSV.
 //!
 //! Records are handed to a writer thread through a bounded queue, so a slow disk or a blocked
-//! stdout never stalls a stream; when the queue is full the record is dropped and counted
-//! (`tokenmeter_access_log_dropped_total`). Prompts and completions are never part of a record.
+//! stdout never stalls a stream. A record is dropped and counted
+//! (`tokenmeter_access_log_dropped_total`) when the queue is full or when it cannot be written
+//! (a full disk), each record lost counted once and the failure logged once, not per record.
+//! At exit [`RecordSink::close`] writes and flushes everything queued, within a bound. Prompts
+//! and completions are never part of a record.
 
 use std::fs::OpenOptions;
-use std::io::{self, BufWriter, Write};
-use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
-use std::thread;
+use std::io::{self, Write};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
 
 use prometheus::IntCounter;
 use serde::Serialize;
+use tokio::time::Instant;
 
 use crate::config::{AccessLog, LogFormat, LogPath};
 
@@ -138,17 +144,34 @@ enum Message {
     Write(Box<Record>),
     /// Reopen the file by its path (logrotate moved the old one away).
     Reopen,
+    /// Write and flush everything queued before this, answer, and stop (at exit).
+    Close(mpsc::Sender<()>),
 }
+
+/// How long closing the record may hold the exit. Writing what can be queued (at most
+/// `QUEUE_DEPTH` records, a few MB) takes milliseconds on any disk; one that hangs must not
+/// keep the process from ending.
+pub(crate) const CLOSE_WITHIN: Duration = Duration::from_secs(5);
+
+/// Formatted records are written in pieces of about this size, and at the end of each burst.
+const BATCH_BYTES: usize = 64 * 1024;
+
+/// While records cannot be written, how often the log says so again (besides the first time
+/// and when writing works again): one line per failure would flood the log under load.
+const FAILURE_LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// The sending side: cheap to clone, never blocks.
 #[derive(Clone)]
 pub(crate) struct RecordSink {
     tx: SyncSender<Message>,
     dropped: IntCounter,
+    /// The writer thread, joined by [`RecordSink::close`].
+    writer: Arc<Mutex<Option<JoinHandle<()>>>>,
 }
 
 impl RecordSink {
-    /// Queues a record for writing, or drops and counts it when the writer is behind.
+    /// Queues a record for writing, or drops and counts it when the writer is behind (or
+    /// closed).
     pub(crate) fn send(&self, record: Record) {
         match self.tx.try_send(Message::Write(Box::new(record))) {
             Ok(()) => {}
@@ -161,6 +184,45 @@ impl RecordSink {
         // Blocking here is fine: it happens on SIGHUP, not on a request's path.
         let _ = self.tx.send(Message::Reopen);
     }
+
+    /// At exit: writes and flushes every record queued so far, stops the writer and joins it,
+    /// waiting at most [`CLOSE_WITHIN`]. A record sent afterwards is dropped and counted.
+    /// Returns whether everything queued was written (or counted as dropped) in time.
+    pub(crate) fn close(&self) -> bool {
+        self.close_within(CLOSE_WITHIN)
+    }
+
+    fn close_within(&self, within: Duration) -> bool {
+        let (done_tx, done) = mpsc::channel();
+        let tx = self.tx.clone();
+        // The queue may be full behind a disk that hangs: the message is handed over by a
+        // thread of its own, so that the wait below keeps its bound.
+        let handing = thread::Builder::new()
+            .name("tokenmeter-access-log-close".into())
+            .spawn(move || {
+                let _ = tx.send(Message::Close(done_tx));
+            });
+        if handing.is_err() {
+            return false;
+        }
+        match done.recv_timeout(within) {
+            // Disconnected: the writer had already stopped, so nothing is left to write.
+            Ok(()) | Err(RecvTimeoutError::Disconnected) => {
+                let writer = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take();
+                if let Some(writer) = writer {
+                    let _ = writer.join();
+                }
+                true
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                tracing::warn!(
+                    within = %humantime::format_duration(within),
+                    "the access log was not written to its end in time; the records still queued are lost"
+                );
+                false
+            }
+        }
+    }
 }
 
 impl RecordSink {
@@ -169,14 +231,26 @@ impl RecordSink {
     pub(crate) fn channel(depth: usize, dropped: IntCounter) -> (RecordSink, Receiver<Record>) {
         let (tx, rx) = mpsc::sync_channel::<Message>(depth);
         let (records_tx, records) = mpsc::sync_channel(depth);
-        thread::spawn(move || {
+        let writer = thread::spawn(move || {
             while let Ok(message) = rx.recv() {
-                if let Message::Write(record) = message {
-                    let _ = records_tx.send(*record);
+                match message {
+                    Message::Write(record) => {
+                        let _ = records_tx.send(*record);
+                    }
+                    Message::Reopen => {}
+                    Message::Close(done) => {
+                        let _ = done.send(());
+                        return;
+                    }
                 }
             }
         });
-        (RecordSink { tx, dropped }, records)
+        let sink = RecordSink {
+            tx,
+            dropped,
+            writer: Arc::new(Mutex::new(Some(writer))),
+        };
+        (sink, records)
     }
 }
 
@@ -196,60 +270,21 @@ fn open(path: &LogPath) -> io::Result<Box<dyn Write + Send>> {
 }
 
 /// Opens the record's destination and starts its writer thread. The thread ends when every
-/// sink clone is gone (after a reload that changed the destination).
+/// sink clone is gone (after a reload that changed the destination), or on [`RecordSink::close`].
 pub(crate) fn start(config: &AccessLog, dropped: IntCounter) -> io::Result<RecordSink> {
     let header = needs_header(&config.path);
     let out = open(&config.path)?;
     let (tx, rx) = mpsc::sync_channel(QUEUE_DEPTH);
     let config = config.clone();
-    thread::Builder::new()
+    let writer = Writer::new(out, config.format, header, dropped.clone());
+    let writer = thread::Builder::new()
         .name("tokenmeter-access-log".into())
-        .spawn(move || write_records(rx, Output::new(out, config.format, header), &config))?;
-    Ok(RecordSink { tx, dropped })
-}
-
-/// Where records are formatted: the CSV writer keeps its own buffer, JSON lines use a BufWriter.
-enum Output {
-    Jsonl(BufWriter<Box<dyn Write + Send>>),
-    Csv(Box<csv::Writer<Box<dyn Write + Send>>>),
-}
-
-impl Output {
-    fn new(out: Box<dyn Write + Send>, format: LogFormat, header: bool) -> Output {
-        match format {
-            LogFormat::Jsonl => Output::Jsonl(BufWriter::new(out)),
-            LogFormat::Csv => {
-                let mut w = csv::WriterBuilder::new()
-                    .has_headers(false)
-                    .from_writer(out);
-                if header {
-                    if let Err(e) = w.write_record(COLUMNS) {
-                        tracing::warn!(error = %e, "cannot write the access log header");
-                    }
-                }
-                Output::Csv(Box::new(w))
-            }
-        }
-    }
-
-    fn write(&mut self, record: &Record) -> io::Result<()> {
-        match self {
-            Output::Jsonl(out) => {
-                serde_json::to_writer(&mut *out, record).map_err(io::Error::other)?;
-                out.write_all(b"\n")
-            }
-            Output::Csv(w) => w
-                .write_record(record.csv_fields())
-                .map_err(io::Error::other),
-        }
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        match self {
-            Output::Jsonl(out) => out.flush(),
-            Output::Csv(w) => w.flush(),
-        }
-    }
+        .spawn(move || writer.run(rx, &config))?;
+    Ok(RecordSink {
+        tx,
+        dropped,
+        writer: Arc::new(Mutex::new(Some(writer))),
+    })
 }
 
 /// Whether a CSV destination needs its header: stdout always, a file when it is new or empty.
@@ -260,36 +295,200 @@ fn needs_header(path: &LogPath) -> bool {
     }
 }
 
-fn write_records(rx: Receiver<Message>, mut out: Output, config: &AccessLog) {
-    // Block for the next message; after a burst, flush once the queue is empty so records
-    // reach the file promptly without a write per record.
-    while let Ok(mut message) = rx.recv() {
-        loop {
-            match message {
-                Message::Write(record) => {
-                    if let Err(e) = out.write(&record) {
-                        tracing::warn!(error = %e, "cannot write the access log");
-                    }
-                }
-                Message::Reopen if config.path != LogPath::Stdout => {
-                    let _ = out.flush();
-                    let header = needs_header(&config.path);
-                    match open(&config.path) {
-                        Ok(file) => out = Output::new(file, config.format, header),
-                        Err(e) => {
-                            tracing::warn!(error = %e, "cannot reopen the access log; keeping the old file")
+/// The writer thread's state: records are formatted into a batch that is written whole, so
+/// that a failed write knows exactly which records it lost.
+struct Writer {
+    out: Box<dyn Write + Send>,
+    format: LogFormat,
+    batch: Vec<u8>,
+    /// Where each record in `batch` ends.
+    ends: Vec<usize>,
+    /// A failed write left part of a line in the destination: the next write ends that line
+    /// first, so the records after it are whole lines again.
+    torn: bool,
+    dropped: IntCounter,
+    failing: Option<Failing>,
+}
+
+/// Records are being lost: what the log has and has not said about it yet.
+struct Failing {
+    logged_at: Instant,
+    not_logged: u64,
+    total: u64,
+}
+
+impl Writer {
+    fn new(
+        out: Box<dyn Write + Send>,
+        format: LogFormat,
+        header: bool,
+        dropped: IntCounter,
+    ) -> Self {
+        let mut writer = Writer {
+            out,
+            format,
+            batch: Vec::with_capacity(BATCH_BYTES),
+            ends: Vec::new(),
+            torn: false,
+            dropped,
+            failing: None,
+        };
+        if header && format == LogFormat::Csv {
+            writer.csv_row(COLUMNS);
+        }
+        writer
+    }
+
+    fn run(mut self, rx: Receiver<Message>, config: &AccessLog) {
+        // Block for the next message; write what a burst queued once the queue is empty (or
+        // the batch is full), so records reach the file promptly without a write per record.
+        while let Ok(mut message) = rx.recv() {
+            loop {
+                match message {
+                    Message::Write(record) => {
+                        self.push(&record);
+                        if self.batch.len() >= BATCH_BYTES {
+                            self.write_batch();
                         }
                     }
+                    Message::Reopen if config.path != LogPath::Stdout => {
+                        self.write_batch();
+                        let header = needs_header(&config.path);
+                        match open(&config.path) {
+                            Ok(file) => {
+                                self.out = file;
+                                self.torn = false;
+                                if header && self.format == LogFormat::Csv {
+                                    self.csv_row(COLUMNS);
+                                }
+                            }
+                            Err(e) => {
+                                tracing::warn!(error = %e, "cannot reopen the access log; keeping the old file")
+                            }
+                        }
+                    }
+                    Message::Reopen => {}
+                    Message::Close(done) => {
+                        self.write_batch();
+                        let _ = done.send(());
+                        return;
+                    }
                 }
-                Message::Reopen => {}
+                match rx.try_recv() {
+                    Ok(next) => message = next,
+                    Err(_) => break,
+                }
             }
-            match rx.try_recv() {
-                Ok(next) => message = next,
-                Err(_) => break,
+            self.write_batch();
+        }
+    }
+
+    /// Formats one record into the batch.
+    fn push(&mut self, record: &Record) {
+        match self.format {
+            LogFormat::Jsonl => {
+                let before = self.batch.len();
+                if serde_json::to_writer(&mut self.batch, record).is_err() {
+                    self.batch.truncate(before);
+                    self.dropped.inc();
+                    return;
+                }
+                self.batch.push(b'\n');
+            }
+            LogFormat::Csv => self.csv_row(record.csv_fields()),
+        }
+        self.ends.push(self.batch.len());
+    }
+
+    fn csv_row<I: IntoIterator<Item = T>, T: AsRef<[u8]>>(&mut self, fields: I) {
+        let mut w = csv::WriterBuilder::new()
+            .has_headers(false)
+            .buffer_capacity(1024)
+            .from_writer(&mut self.batch);
+        // Writing into memory cannot fail.
+        let _ = w.write_record(fields);
+        let _ = w.flush();
+    }
+
+    /// Writes the batch and flushes; on failure, counts as dropped every record not written
+    /// whole, and says so in the log (not once per record).
+    fn write_batch(&mut self) {
+        if self.batch.is_empty() {
+            return;
+        }
+        if self.torn {
+            self.batch.insert(0, b'\n');
+            self.ends.iter_mut().for_each(|end| *end += 1);
+        }
+        let mut written = 0;
+        let result = loop {
+            if written == self.batch.len() {
+                break self.out.flush().map_err(|e| (e, true));
+            }
+            match self.out.write(&self.batch[written..]) {
+                Ok(0) => break Err((io::ErrorKind::WriteZero.into(), false)),
+                Ok(n) => written += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => break Err((e, false)),
+            }
+        };
+        match result {
+            Ok(()) => {
+                self.torn = false;
+                if let Some(failing) = self.failing.take() {
+                    tracing::info!(
+                        dropped = failing.total,
+                        "the access log can be written again"
+                    );
+                }
+            }
+            Err((error, flushing)) => {
+                // A flush that fails after every byte was handed over cannot say which records
+                // it lost: all of them are counted.
+                let lost = if flushing {
+                    self.ends.len()
+                } else {
+                    self.ends.iter().filter(|end| **end > written).count()
+                };
+                if !flushing && written > 0 {
+                    self.torn = self.batch[written - 1] != b'\n';
+                }
+                self.failed(&error, lost as u64);
             }
         }
-        if let Err(e) = out.flush() {
-            tracing::warn!(error = %e, "cannot flush the access log");
+        self.batch.clear();
+        self.ends.clear();
+    }
+
+    fn failed(&mut self, error: &io::Error, lost: u64) {
+        self.dropped.inc_by(lost);
+        let now = Instant::now();
+        match &mut self.failing {
+            None => {
+                tracing::warn!(
+                    error = %error,
+                    dropped = lost,
+                    "cannot write the access log; records are dropped and counted in tokenmeter_access_log_dropped_total until it can be written again"
+                );
+                self.failing = Some(Failing {
+                    logged_at: now,
+                    not_logged: 0,
+                    total: lost,
+                });
+            }
+            Some(failing) => {
+                failing.total += lost;
+                failing.not_logged += lost;
+                if now.duration_since(failing.logged_at) >= FAILURE_LOG_EVERY {
+                    tracing::warn!(
+                        error = %error,
+                        dropped = failing.not_logged,
+                        "the access log still cannot be written"
+                    );
+                    failing.logged_at = now;
+                    failing.not_logged = 0;
+                }
+            }
         }
     }
 }
@@ -331,6 +530,156 @@ mod tests {
             connect_ms: None,
             proxy_ms: Some(0.125),
         }
+    }
+
+    /// A destination that takes `room` bytes and then fails like a full disk; what it took is
+    /// shared with the test.
+    struct Disk {
+        room: usize,
+        taken: Arc<Mutex<Vec<u8>>>,
+    }
+
+    impl Write for Disk {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            let mut taken = self.taken.lock().unwrap();
+            let n = buf.len().min(self.room - taken.len().min(self.room));
+            if n == 0 {
+                return Err(io::Error::from_raw_os_error(28)); // ENOSPC
+            }
+            taken.extend_from_slice(&buf[..n]);
+            Ok(n)
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn counter() -> IntCounter {
+        IntCounter::new("dropped", "dropped").unwrap()
+    }
+
+    /// Records a full disk refused must never go uncounted (1,000 lost records once left the
+    /// counter at 0), nor be counted twice.
+    #[test]
+    fn every_record_a_full_disk_refuses_is_counted_once() {
+        let line = serde_json::to_vec(&record()).unwrap().len() + 1;
+        let taken = Arc::new(Mutex::new(Vec::new()));
+        let dropped = counter();
+        // Room for two records and half of a third.
+        let disk = Disk {
+            room: 2 * line + line / 2,
+            taken: taken.clone(),
+        };
+        let mut writer = Writer::new(Box::new(disk), LogFormat::Jsonl, false, dropped.clone());
+        for _ in 0..5 {
+            writer.push(&record());
+        }
+        writer.write_batch();
+        assert_eq!(dropped.get(), 3, "the torn third and the two after it");
+        for _ in 0..1000 {
+            writer.push(&record());
+            writer.write_batch();
+        }
+        assert_eq!(dropped.get(), 1003);
+        // Two whole lines, then the torn one.
+        let text = String::from_utf8(taken.lock().unwrap().clone()).unwrap();
+        assert_eq!(text.lines().count(), 3);
+        assert!(text
+            .lines()
+            .take(2)
+            .all(|l| serde_json::from_str::<serde_json::Value>(l).is_ok()));
+    }
+
+    #[test]
+    fn after_a_torn_line_the_next_records_start_on_a_line_of_their_own() {
+        let line = serde_json::to_vec(&record()).unwrap().len() + 1;
+        let taken = Arc::new(Mutex::new(Vec::new()));
+        let dropped = counter();
+        let mut writer = Writer::new(
+            Box::new(Disk {
+                room: line / 2,
+                taken: taken.clone(),
+            }),
+            LogFormat::Jsonl,
+            false,
+            dropped.clone(),
+        );
+        writer.push(&record());
+        writer.write_batch();
+        assert_eq!(dropped.get(), 1);
+        // The disk has room again.
+        writer.out = Box::new(Disk {
+            room: usize::MAX,
+            taken: taken.clone(),
+        });
+        writer.push(&record());
+        writer.write_batch();
+        assert_eq!(dropped.get(), 1);
+        let text = String::from_utf8(taken.lock().unwrap().clone()).unwrap();
+        let last = text.lines().last().unwrap();
+        assert!(
+            serde_json::from_str::<serde_json::Value>(last).is_ok(),
+            "{text}"
+        );
+    }
+
+    /// At exit no queued record may be lost: close writes them all before it returns.
+    #[test]
+    fn close_writes_every_queued_record_and_later_ones_are_counted() {
+        let dir = std::env::temp_dir().join(format!("tm-record-close-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("records.jsonl");
+        let config = AccessLog {
+            path: LogPath::File(path.clone()),
+            format: LogFormat::Jsonl,
+        };
+        let dropped = counter();
+        let sink = start(&config, dropped.clone()).unwrap();
+        for _ in 0..QUEUE_DEPTH {
+            sink.send(record());
+        }
+        let queued = QUEUE_DEPTH as u64 - dropped.get();
+        assert!(sink.close());
+        let lines = std::fs::read_to_string(&path).unwrap().lines().count() as u64;
+        assert_eq!(lines, queued);
+        sink.send(record());
+        assert_eq!(dropped.get(), QUEUE_DEPTH as u64 - queued + 1);
+        assert!(sink.close(), "a second close has nothing left to do");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A destination that never returns must not hold the exit past the bound.
+    #[test]
+    fn close_gives_up_on_a_writer_that_hangs() {
+        struct Hung(mpsc::Receiver<()>);
+        impl Write for Hung {
+            fn write(&mut self, _: &[u8]) -> io::Result<usize> {
+                let _ = self.0.recv();
+                Err(io::ErrorKind::BrokenPipe.into())
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let (release, hung) = mpsc::channel();
+        let (tx, rx) = mpsc::sync_channel(QUEUE_DEPTH);
+        let writer = Writer::new(Box::new(Hung(hung)), LogFormat::Jsonl, false, counter());
+        let config = AccessLog {
+            path: LogPath::Stdout,
+            format: LogFormat::Jsonl,
+        };
+        let thread = thread::spawn(move || writer.run(rx, &config));
+        let sink = RecordSink {
+            tx,
+            dropped: counter(),
+            writer: Arc::new(Mutex::new(Some(thread))),
+        };
+        sink.send(record());
+        let started = Instant::now();
+        assert!(!sink.close_within(Duration::from_millis(100)));
+        assert!(started.elapsed() < Duration::from_secs(5));
+        drop(release);
     }
 
     #[test]

@@ -1,9 +1,10 @@
 //! Floor 7, `tools`: the subcommands around the proxy. They use the crate's public API only
 //! (what `lib.rs` exports), never a floor's internals, and nothing below uses them.
 //!
-//! [`sim`] is a simulated inference server, [`bench`](mod@bench) a load generator, [`demo`] both with the
-//! proxy between them, [`rules`] turns SLOs into Prometheus rules, [`inject`] adds the sidecar
-//! to Kubernetes YAML; [`cli`] is what every subcommand shares.
+//! [`sim`] is a simulated inference server, [`bench`](mod@bench) a load generator, [`demo`] both
+//! with the proxy between them, [`rules`] turns SLOs into Prometheus rules, [`inject`] adds the
+//! sidecar to Kubernetes YAML, [`report`] explains the slow requests in per-request records;
+//! [`cli`] is what every subcommand shares.
 
 pub mod bench;
 pub mod cli;
