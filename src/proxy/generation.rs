@@ -21,6 +21,9 @@ use crate::policy::route::Router;
 use crate::publish::metrics::Metrics;
 use crate::publish::record;
 
+/// How long a changed configuration file must stay the same before the watcher acts on it.
+const SETTLE: Duration = Duration::from_millis(50);
+
 /// Settings given on the command line; they win over the file at every reload.
 #[derive(Debug, Clone, Default)]
 pub struct Overrides {
@@ -140,12 +143,29 @@ impl Generations {
         }
         let mut ticks = tokio::time::interval(interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let read = |path: PathBuf| async move {
+            tokio::task::spawn_blocking(move || crate::config::read_file(&path))
+                .await
+                .unwrap_or_else(|e| Err(e.to_string()))
+        };
         loop {
             ticks.tick().await;
-            let read = path.clone();
-            let text = tokio::task::spawn_blocking(move || crate::config::read_file(&read))
-                .await
-                .unwrap_or_else(|e| Err(e.to_string()));
+            let text = read(path.clone()).await;
+            if self
+                .last_seen
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_ref()
+                == Some(&text)
+            {
+                continue;
+            }
+            // A file written in place can be read half-written (an empty file would mean "all
+            // defaults"): act on a change only once two reads a moment apart agree.
+            tokio::time::sleep(SETTLE).await;
+            if read(path.clone()).await != text {
+                continue;
+            }
             {
                 let mut last = self.last_seen.lock().unwrap_or_else(|p| p.into_inner());
                 if last.as_ref() == Some(&text) {

@@ -401,7 +401,7 @@ impl Metrics {
             .expect("gauge definition is valid"),
             access_log_dropped: IntCounter::new(
                 "tokenmeter_access_log_dropped_total",
-                "Per-request records dropped because the writer could not keep up.",
+                "Per-request records dropped because the writer could not keep up or could not write them.",
             )
             .expect("counter definition is valid"),
             upstream_retries: counter(
