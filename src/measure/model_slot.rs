@@ -9,7 +9,7 @@ use tokio::sync::Notify;
 /// found, or known to be absent. Route matching may wait for it.
 #[derive(Default)]
 pub(crate) struct ModelCell {
-    value: OnceLock<Option<Box<str>>>,
+    value: OnceLock<Option<Arc<str>>>,
     decided: Notify,
 }
 
@@ -24,6 +24,11 @@ impl ModelCell {
     /// The model, if the body named one and it has been read.
     pub(crate) fn get(&self) -> Option<&str> {
         self.value.get().and_then(|m| m.as_deref())
+    }
+
+    /// The model as a shared string, for the record.
+    pub(crate) fn shared(&self) -> Option<Arc<str>> {
+        self.value.get().and_then(Clone::clone)
     }
 
     pub(crate) fn is_decided(&self) -> bool {

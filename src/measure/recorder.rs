@@ -28,7 +28,7 @@ use crate::policy::route::{Candidates, RouteInfo};
 use crate::policy::slo::{self, Verdict};
 use crate::publish::live::{self, GapSketch};
 use crate::publish::metrics::{InFlight, RequestMetrics};
-use crate::publish::record::Record;
+use crate::publish::record::{Record, Timestamp};
 
 /// How often a stream's inter-token gaps reach the shared ITL histogram while it goes on.
 const ITL_FLUSH_EVERY: Duration = Duration::from_secs(1);
@@ -531,7 +531,7 @@ impl Active {
     }
 
     fn record(
-        &self,
+        &mut self,
         f: &Figures,
         end: End,
         finish_reason: Option<&'static str>,
@@ -539,15 +539,16 @@ impl Active {
     ) -> Record {
         let ms = |d: Duration| (d.as_secs_f64() * 1e6).round() / 1e3;
         Record {
-            ts: humantime::format_rfc3339_millis(self.wall_start).to_string(),
-            request_id: self.request_id.as_deref().map(str::to_owned),
+            ts: Timestamp(self.wall_start),
+            // Moved out: the request is published once and dropped right after.
+            request_id: self.request_id.take(),
             route: self
                 .route
                 .as_ref()
-                .map_or_else(String::new, |r| r.name.to_string()),
-            model: self.model.get().map(str::to_owned),
-            method: self.method.to_string(),
-            path: self.path.to_string(),
+                .map_or_else(|| Arc::from(""), |r| r.name.clone()),
+            model: self.model.shared(),
+            method: self.method.clone(),
+            path: std::mem::take(&mut self.path),
             status: self.status.map(|s| s.as_u16()),
             outcome: f.outcome.as_str(),
             slo: verdict.map(Verdict::as_str),
@@ -668,7 +669,7 @@ mod tests {
         let record = records
             .recv_timeout(Duration::from_secs(5))
             .expect("one record");
-        assert_eq!(record.route, "llama");
+        assert_eq!(&*record.route, "llama");
         assert_eq!(record.outcome, "error");
         assert_eq!(record.status, Some(502));
         drop(recorder);

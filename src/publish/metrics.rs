@@ -222,8 +222,11 @@ impl RequestMetrics {
             .unwrap_or(0);
         self.violations[index]
             .get_or_init(|| {
-                self.violations_family
-                    .with_label_values(&[&self.route, &self.model, criterion.as_str()])
+                self.violations_family.with_label_values(&[
+                    &self.route,
+                    &self.model,
+                    criterion.as_str(),
+                ])
             })
             .inc();
     }

@@ -12,7 +12,7 @@ use std::io::{self, Write};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use prometheus::IntCounter;
 use serde::Serialize;
@@ -59,13 +59,17 @@ pub(crate) const COLUMNS: [&str; 30] = [
 
 /// One finished request, as `docs/MEASUREMENT.md` lists it. Missing values are `None`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+///
+/// Built on the request path without copying or formatting anything that can wait: the start
+/// time is formatted, and every field serialized, by the writer thread.
 pub(crate) struct Record {
-    pub(crate) ts: String,
-    pub(crate) request_id: Option<String>,
-    pub(crate) route: String,
-    pub(crate) model: Option<String>,
-    pub(crate) method: String,
-    pub(crate) path: String,
+    pub(crate) ts: Timestamp,
+    pub(crate) request_id: Option<Box<str>>,
+    pub(crate) route: Arc<str>,
+    pub(crate) model: Option<Arc<str>>,
+    #[serde(serialize_with = "method_name")]
+    pub(crate) method: http::Method,
+    pub(crate) path: Box<str>,
     pub(crate) status: Option<u16>,
     pub(crate) outcome: &'static str,
     pub(crate) slo: Option<&'static str>,
@@ -99,18 +103,38 @@ pub(crate) struct Record {
     pub(crate) proxy_ms: Option<f64>,
 }
 
+/// A wall-clock time, written as RFC 3339 in UTC with milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Timestamp(pub(crate) SystemTime);
+
+impl std::fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        humantime::format_rfc3339_millis(self.0).fmt(f)
+    }
+}
+
+impl Serialize for Timestamp {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+fn method_name<S: serde::Serializer>(method: &http::Method, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(method.as_str())
+}
+
 impl Record {
     fn csv_fields(&self) -> [String; 30] {
         fn opt<T: ToString>(v: &Option<T>) -> String {
             v.as_ref().map(ToString::to_string).unwrap_or_default()
         }
         [
-            self.ts.clone(),
+            self.ts.to_string(),
             opt(&self.request_id),
-            self.route.clone(),
+            self.route.to_string(),
             opt(&self.model),
-            self.method.clone(),
-            self.path.clone(),
+            self.method.to_string(),
+            self.path.to_string(),
             opt(&self.status),
             self.outcome.to_string(),
             opt(&self.slo),
@@ -499,11 +523,11 @@ mod tests {
 
     fn record() -> Record {
         Record {
-            ts: "2026-01-01T00:00:00.000Z".into(),
+            ts: Timestamp(SystemTime::UNIX_EPOCH + Duration::from_secs(1_767_225_600)),
             request_id: Some("r,1".into()),
             route: "default".into(),
             model: None,
-            method: "POST".into(),
+            method: http::Method::POST,
             path: "/v1/chat/completions".into(),
             status: Some(200),
             outcome: "ok",
