@@ -28,6 +28,9 @@ pub(crate) const UNKNOWN_MODEL: &str = "unknown";
 /// Why a request was sent upstream again: the reused connection was closed before the request
 /// was written, or after it was written but before any byte of the answer.
 pub(crate) const UPSTREAM_RETRY_REASONS: [&str; 2] = ["not_sent", "closed"];
+/// Resolved handles by (route, model label).
+type HandleCache = HashMap<(Arc<str>, Arc<str>), Arc<RequestMetrics>>;
+
 /// The outcomes a request is counted under.
 const OUTCOMES: [&str; 4] = ["ok", "error", "client_error", "cancelled"];
 /// The bounded set of finish reasons.
@@ -84,7 +87,7 @@ pub(crate) struct Metrics {
     /// Every (route, model label)'s handles, resolved once: a request takes a read lock and a
     /// hash lookup, not a dozen label lookups. Bounded by routes × labels; emptied when a
     /// reload rebuilds families or removes a model's series.
-    handles: RwLock<HashMap<(Arc<str>, Arc<str>), Arc<RequestMetrics>>>,
+    handles: RwLock<HandleCache>,
 }
 
 /// The histogram families, whose buckets depend on the configured thresholds.
