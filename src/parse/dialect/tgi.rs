@@ -12,7 +12,7 @@
 
 use serde::Deserialize;
 
-use super::{Alarm, Batch, Count, Finish, Flag, Fold, Shape, Verdict};
+use super::{Alarm, Batch, Count, EngineReport, Finish, Flag, Fold, Shape, Verdict};
 
 #[derive(Deserialize)]
 struct Event {
@@ -96,7 +96,8 @@ pub(super) fn body(body: &[u8]) -> Verdict {
             }
         }
     }
-    Batch::read::<All>(body)
+    // The body says nothing beyond its output: TGI's timing is in the response headers.
+    Batch::read::<All>(body, &mut EngineReport::default())
 }
 
 #[cfg(test)]
