@@ -9,6 +9,10 @@
 //! `{"error": ..., "error_type": ...}` is an error. With one token per event, events carry no
 //! separate token counts. TGI's OpenAI-compatible Messages API (`/v1/chat/completions`) is
 //! plain OpenAI chat.
+//!
+//! Neither the stream nor the body says anything of caches or timing: TGI reports its queue and
+//! inference times in the response headers of a non-streaming answer, which
+//! [`engine_headers`](fn@crate::parse::engine_headers) reads.
 
 use serde::Deserialize;
 
