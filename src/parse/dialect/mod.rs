@@ -22,11 +22,11 @@ mod sglang;
 mod sniff;
 mod tgi;
 
+use std::time::Duration;
+
 use serde::de::{Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
-
-use std::time::Duration;
 
 use super::event::{Dialect, FinishReason};
 use super::report::{span, update, Engine, EngineReport};
