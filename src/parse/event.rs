@@ -5,6 +5,8 @@
 use std::fmt;
 use std::str::FromStr;
 
+use super::report::EngineReport;
+
 /// The longest SSE `event:` name the reader holds; an event with a longer type is oversized.
 /// Real names are short (`response.function_call_arguments.delta` is 38 bytes): the cap keeps
 /// the type buffer from doubling the memory a stream may hold.
@@ -187,6 +189,9 @@ pub struct StreamSummary {
     pub finish_reason: Option<FinishReason>,
     /// Events larger than `max_event_bytes`: counted as events, never parsed.
     pub oversized_events: u64,
+    /// What the stream said that explains its figures: cached prompt tokens, reasoning tokens,
+    /// the engine's own timing.
+    pub engine: EngineReport,
 }
 
 /// Where a framer hands the events it cut out of the body.

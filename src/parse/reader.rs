@@ -10,7 +10,9 @@
 //! Two layers, kept apart so that a new server API is a small unit: a *framer* cuts the bytes
 //! into events (`sse`, `ndjson`, `json_body`) and knows nothing of what they mean; a *dialect*
 //! (`dialect`) reads one event at a time and says whether it carried output, visible content,
-//! an end marker, usage or an error. This file owns the bookkeeping between the two: event
+//! an end marker, usage or an error, and writes what explains the figures (cache, reasoning, the
+//! engine's own timing) into the summary's [`EngineReport`](super::EngineReport) when the event
+//! carries any. This file owns the bookkeeping between the two: event
 //! numbers, first output and content events, tokens per event, and what each frame carried.
 //!
 //! Memory per stream is bounded: the framers never hold more than `max_event_bytes` of one event
@@ -189,7 +191,7 @@ impl Tally<'_> {
             return;
         }
         self.summary.events = self.summary.events.saturating_add(1);
-        let verdict = self.interpreter.body(body);
+        let verdict = self.interpreter.body(body, &mut self.summary.engine);
         self.after(verdict);
     }
 
@@ -253,7 +255,9 @@ impl EventSink for Tally<'_> {
             return;
         }
         self.summary.events = self.summary.events.saturating_add(1);
-        let verdict = self.interpreter.event(event_type, data);
+        let verdict = self
+            .interpreter
+            .event(event_type, data, &mut self.summary.engine);
         self.after(verdict);
     }
 

@@ -6,6 +6,7 @@
 //! sink defined here; each dialect's rules beside it, in `dialect/`.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use proptest::prelude::*;
 
@@ -25,6 +26,14 @@ fn own_fixtures_dir() -> PathBuf {
     PathBuf::from(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/streams"
+    ))
+}
+
+/// Engines' `/metrics` text, each file saying in its first line where it came from.
+fn engine_metrics_dir() -> PathBuf {
+    PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/engine_metrics"
     ))
 }
 
@@ -344,6 +353,262 @@ fn fixture_finish_reasons() {
         };
         let r = read(framing, Dialect::Auto, 1 << 20, &[&bytes]);
         assert_eq!(r.summary.finish_reason, Some(reason), "{name}");
+    }
+}
+
+/// What each captured stream says beyond its output, read with the dialect its path gives:
+/// cached and reasoning tokens and the engine's own timing, exactly as the stream reported them,
+/// and nothing for streams that report none. (That a split or a sniffed dialect reads the same
+/// is `fixtures_read_as_expected_under_every_split`'s business: the summary holds the report.)
+#[test]
+fn fixture_engine_reports() {
+    let none = EngineReport::default();
+    let ms = |micros: u64| Some(Duration::from_micros(micros));
+    let ns = |nanos: u64| Some(Duration::from_nanos(nanos));
+    let llamacpp =
+        |cached: Option<u64>, prompt_n: u64, prefill_us: u64, decode_us: u64| EngineReport {
+            cached_tokens: cached,
+            prompt_processed: Some(prompt_n),
+            prefill: ms(prefill_us),
+            decode: ms(decode_us),
+            source: Some(Engine::LlamaCpp),
+            ..none
+        };
+    let cases: Vec<(PathBuf, &str, EngineReport)> = vec![
+        // The shared captures.
+        (fixtures_dir(), "anthropic_messages_basic.sse", none),
+        (
+            fixtures_dir(),
+            "anthropic_messages_tool_use.sse",
+            EngineReport {
+                cached_tokens: Some(0),
+                cache_creation_tokens: Some(0),
+                ..none
+            },
+        ),
+        // Cerebras' `time_info` is not read (see `dialect/openai.rs`).
+        (fixtures_dir(), "cerebras_chat_no_done.sse", none),
+        (fixtures_dir(), "ollama_generate_stream.ndjson", none),
+        (
+            fixtures_dir(),
+            "openai_chat_gpt4o_basic_usage.sse",
+            EngineReport {
+                reasoning_tokens: Some(0),
+                ..none
+            },
+        ),
+        (fixtures_dir(), "openai_completions_babbage_usage.sse", none),
+        (
+            fixtures_dir(),
+            "openai_responses_two_messages.sse",
+            EngineReport {
+                cached_tokens: Some(3072),
+                reasoning_tokens: Some(64),
+                ..none
+            },
+        ),
+        (
+            fixtures_dir(),
+            "tgi_generate_stream_flant5_nospace.sse",
+            none,
+        ),
+        (fixtures_dir(), "together_chat_text_and_delta.sse", none),
+        // This repository's own.
+        (
+            own_fixtures_dir(),
+            "anthropic_messages_prompt_cache.sse",
+            EngineReport {
+                cached_tokens: Some(3180),
+                cache_creation_tokens: Some(412),
+                ..none
+            },
+        ),
+        (
+            own_fixtures_dir(),
+            "llamacpp_completion_stream.sse",
+            llamacpp(None, 9, 48_312, 201_500),
+        ),
+        (
+            own_fixtures_dir(),
+            "llamacpp_real_chat_stream.sse",
+            llamacpp(Some(26), 1, 5_883, 47_850),
+        ),
+        (
+            own_fixtures_dir(),
+            "llamacpp_real_chat_stream_usage.sse",
+            llamacpp(Some(0), 27, 9_848, 59_046),
+        ),
+        (
+            own_fixtures_dir(),
+            "llamacpp_real_completions_stream_usage.sse",
+            llamacpp(Some(0), 4, 7_258, 58_905),
+        ),
+        (
+            own_fixtures_dir(),
+            "llamacpp_real_native_completion_stream.sse",
+            llamacpp(Some(3), 1, 6_631, 75_138),
+        ),
+        (
+            own_fixtures_dir(),
+            "ollama_chat_thinking.ndjson",
+            EngineReport {
+                load: ns(713_288_750),
+                prefill: ns(96_318_500),
+                decode: ns(398_841_208),
+                total: ns(1_210_552_334),
+                source: Some(Engine::Ollama),
+                ..none
+            },
+        ),
+        (
+            own_fixtures_dir(),
+            "ollama_generate_cold_load.ndjson",
+            EngineReport {
+                load: ns(6_338_219_291),
+                prefill: ns(130_079_000),
+                decode: ns(93_012_500),
+                total: ns(6_571_398_812),
+                source: Some(Engine::Ollama),
+                ..none
+            },
+        ),
+        (
+            own_fixtures_dir(),
+            "openai_chat_o4mini_cached_reasoning.sse",
+            EngineReport {
+                cached_tokens: Some(1792),
+                reasoning_tokens: Some(192),
+                ..none
+            },
+        ),
+        (
+            own_fixtures_dir(),
+            "sglang_generate_stream.sse",
+            EngineReport {
+                cached_tokens: Some(1),
+                total: ms(93_600),
+                source: Some(Engine::SgLang),
+                ..none
+            },
+        ),
+        (
+            own_fixtures_dir(),
+            "sglang_generate_abort.sse",
+            EngineReport {
+                cached_tokens: Some(0),
+                total: ms(120_000),
+                source: Some(Engine::SgLang),
+                ..none
+            },
+        ),
+        (own_fixtures_dir(), "tgi_generate_stream_details.sse", none),
+        (own_fixtures_dir(), "vllm_chat_continuous_usage.sse", none),
+    ];
+    for (dir, name, want) in cases {
+        let expected: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(dir.join("expected.json")).expect("expected.json is readable"),
+        )
+        .expect("expected.json is JSON");
+        let entry = &expected[name];
+        let path = entry
+            .get("path")
+            .and_then(|p| p.as_str())
+            .unwrap_or_else(|| path_for(entry["dialect"].as_str().expect("a dialect")));
+        let bytes = std::fs::read(dir.join(name)).expect("fixture is readable");
+        let (framing, dialect) = detect(path, Some(content_type_of_file(name)), None, None);
+        let r = read(framing, dialect, 1 << 20, &[&bytes]);
+        assert_eq!(r.summary.engine, want, "{name}");
+    }
+}
+
+/// A real non-streaming answer of llama.cpp's `/v1/chat/completions`: usage and `timings` in
+/// one body (the prompt was cached but for one token).
+#[test]
+fn json_body_of_a_real_llamacpp_chat() {
+    let body = std::fs::read(own_fixtures_dir().join("llamacpp_real_chat.json"))
+        .expect("fixture is readable");
+    let (s, last) = read_json(Dialect::OpenAiChat, &body, 1 << 16);
+    assert_eq!(last.output_events, 1);
+    assert_eq!(
+        (s.usage_output_tokens, s.usage_prompt_tokens),
+        (Some(16), Some(27))
+    );
+    assert_eq!(
+        s.engine,
+        EngineReport {
+            cached_tokens: Some(26),
+            prompt_processed: Some(1),
+            prefill: Some(Duration::from_micros(5_506)),
+            decode: Some(Duration::from_micros(55_134)),
+            source: Some(Engine::LlamaCpp),
+            ..EngineReport::default()
+        }
+    );
+}
+
+/// Each engine's `/metrics` text, as its fixture holds it, reads as the values it shows.
+#[test]
+fn engine_metrics_fixtures() {
+    let cases = [
+        (
+            "vllm.txt",
+            EngineState {
+                engine: Some(Engine::Vllm),
+                running: Some(0.0),
+                waiting: Some(0.0),
+                kv_usage: Some(0.0),
+            },
+        ),
+        (
+            "vllm_docs.txt",
+            EngineState {
+                engine: Some(Engine::Vllm),
+                running: Some(8.0),
+                waiting: None,
+                kv_usage: None,
+            },
+        ),
+        (
+            "sglang.txt",
+            EngineState {
+                engine: Some(Engine::SgLang),
+                running: Some(162.0),
+                waiting: Some(2826.0),
+                kv_usage: Some(0.28),
+            },
+        ),
+        (
+            "tgi.txt",
+            EngineState {
+                engine: Some(Engine::Tgi),
+                running: Some(5.0),
+                waiting: Some(3.0),
+                kv_usage: None,
+            },
+        ),
+        (
+            "llamacpp.txt",
+            EngineState {
+                engine: Some(Engine::LlamaCpp),
+                running: Some(0.0),
+                waiting: Some(0.0),
+                kv_usage: None,
+            },
+        ),
+    ];
+    for (name, want) in cases {
+        let text = std::fs::read(engine_metrics_dir().join(name)).expect("fixture is readable");
+        assert!(
+            text.starts_with(b"# source: "),
+            "{name} says where it came from"
+        );
+        assert_eq!(engine_state(&text), Ok(want), "{name}");
+        // CRLF line ends read the same.
+        let crlf: Vec<u8> = text
+            .split(|&b| b == b'\n')
+            .flat_map(|line| line.iter().copied().chain(*b"\r\n"))
+            .collect();
+        assert_eq!(engine_state(&crlf), Ok(want), "{name} with CRLF");
     }
 }
 
@@ -884,6 +1149,13 @@ fn sse_piece() -> impl Strategy<Value = Vec<u8>> {
         br#"{"content":"","stop":true,"stop_type":"eos","tokens_predicted":4}"#,
         br#"{"text":"ab","meta_info":{"completion_tokens":2,"finish_reason":null}}"#,
         br#"{"text":"abcd","meta_info":{"completion_tokens":5,"finish_reason":{"type":"abort"}}}"#,
+        // What explains the figures: details, timings, durations, meta_info.
+        br#"{"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":4,"prompt_tokens_details":{"cached_tokens":8},"completion_tokens_details":{"reasoning_tokens":2}}}"#,
+        br#"{"choices":[],"usage":{"completion_tokens":1},"timings":{"cache_n":3,"prompt_n":1,"prompt_ms":6.6,"predicted_n":1,"predicted_ms":-1}}"#,
+        br#"{"type":"message_start","message":{"usage":{"input_tokens":3,"cache_read_input_tokens":2048,"cache_creation_input_tokens":null}}}"#,
+        br#"{"model":"m","response":"","done":true,"total_duration":1e30,"load_duration":6338219291,"eval_duration":"x"}"#,
+        br#"{"text":"ab","meta_info":{"completion_tokens":2,"cached_tokens":1,"e2e_latency":0.5,"inference_time":null}}"#,
+        br#"{"type":"response.completed","response":{"usage":{"input_tokens_details":{"cached_tokens":1}}},"timings":{}}"#,
     ];
     prop_oneof![
         4 => prop_oneof![
@@ -946,5 +1218,130 @@ proptest! {
         let bytewise: Vec<&[u8]> = bytes.chunks(1).collect();
         let by_byte = read(framing, dialect, max, &bytewise);
         prop_assert_eq!(&by_byte, &whole);
+    }
+}
+
+/// Byte pieces that make `/metrics`-like text likely: the gauges' names, label syntax with its
+/// escapes, numbers of every kind, comments and line ends, with random bytes mixed in.
+fn exposition_piece() -> impl Strategy<Value = Vec<u8>> {
+    let names: Vec<&'static [u8]> = vec![
+        b"vllm:num_requests_running",
+        b"vllm:num_requests_waiting",
+        b"vllm:kv_cache_usage_perc",
+        b"vllm:gpu_cache_usage_perc",
+        b"sglang:num_running_reqs",
+        b"sglang:num_queue_reqs",
+        b"sglang:token_usage",
+        b"tgi_queue_size",
+        b"tgi_batch_current_size",
+        b"llamacpp:requests_processing",
+        b"llamacpp:requests_deferred",
+        b"llamacpp:kv_cache_usage_ratio",
+        b"vllm:num_requests_waiting_by_reason",
+    ];
+    prop_oneof![
+        3 => proptest::sample::select(names).prop_map(<[u8]>::to_vec),
+        4 => prop_oneof![
+            Just(b"{".to_vec()),
+            Just(b"}".to_vec()),
+            Just(b"engine=\"0\"".to_vec()),
+            Just(b",".to_vec()),
+            Just(b"priority=\"\"".to_vec()),
+            Just(b"a=\"\\\"}\"".to_vec()),
+            Just(b"\"".to_vec()),
+            Just(b"\\".to_vec()),
+            Just(b" ".to_vec()),
+            Just(b"\t".to_vec()),
+            Just(b"\n".to_vec()),
+            Just(b"\r\n".to_vec()),
+            Just(b"# HELP ".to_vec()),
+            Just(b"# TYPE x gauge\n".to_vec()),
+            Just(b" 3.0".to_vec()),
+            Just(b" 0.25".to_vec()),
+            Just(b" -1".to_vec()),
+            Just(b" NaN".to_vec()),
+            Just(b" +Inf".to_vec()),
+            Just(b" 1e308".to_vec()),
+            Just(b" 1712345678000".to_vec()),
+            Just(b" # {trace_id=\"a\"} 1.0".to_vec()),
+            Just("\u{e9}".as_bytes().to_vec()),
+        ],
+        1 => proptest::collection::vec(any::<u8>(), 0..12),
+    ]
+}
+
+fn exposition_like() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        proptest::collection::vec(exposition_piece(), 0..60).prop_map(|pieces| pieces.concat()),
+        proptest::collection::vec(any::<u8>(), 0..400),
+    ]
+}
+
+/// Header names the engine-header reader knows, and some it does not.
+fn header_name() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        proptest::sample::select(vec![
+            "x-queue-time",
+            "X-Inference-Time",
+            "x-validation-time",
+            "x-time-per-token",
+            "x-total-time",
+            "x-compute-time",
+            "x-compute-type",
+            "content-type",
+            "x-",
+            "",
+        ])
+        .prop_map(|n| n.as_bytes().to_vec()),
+        proptest::collection::vec(any::<u8>(), 0..20),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Whatever the text, reading an engine's state never panics, and what it reports is sane:
+    /// no figures without an engine, counts and ratios finite and never negative. Comments and
+    /// blank lines added between lines change nothing.
+    #[test]
+    fn exposition_never_panics(text in exposition_like()) {
+        let state = engine_state(&text);
+        prop_assert!(state.is_ok(), "small text is always read");
+        let state = state.unwrap_or_default();
+        if state.engine.is_none() {
+            prop_assert_eq!(state, EngineState::default());
+        }
+        for v in [state.running, state.waiting, state.kv_usage].into_iter().flatten() {
+            prop_assert!(v.is_finite() && v >= 0.0, "{:?}", state);
+        }
+        let mut padded = b"# HELP x y\n\n".to_vec();
+        for line in text.split(|&b| b == b'\n') {
+            padded.extend_from_slice(line);
+            padded.extend_from_slice(b"\n# TYPE z gauge\n\n");
+        }
+        prop_assert_eq!(engine_state(&padded).unwrap_or_default(), state);
+    }
+
+    /// Whatever the headers, reading them never panics; the engine is named exactly when some
+    /// figure was read, and a figure is only read from a plain decimal value.
+    #[test]
+    fn engine_headers_never_panic(
+        headers in proptest::collection::vec(
+            (header_name(), prop_oneof![
+                Just(b"12".to_vec()),
+                Just(b"0.5".to_vec()),
+                Just(b" 7 ".to_vec()),
+                Just(b"-1".to_vec()),
+                Just(b"1e3".to_vec()),
+                Just(b"99999999999999999999999".to_vec()),
+                proptest::collection::vec(any::<u8>(), 0..40),
+            ]),
+            0..12,
+        ),
+    ) {
+        let report = engine_headers(headers.iter().map(|(n, v)| (n.as_slice(), v.as_slice())));
+        let figures = EngineReport { source: None, ..report };
+        prop_assert_eq!(report.source.is_some(), !figures.is_empty());
+        prop_assert_eq!(report.cached_tokens, None);
     }
 }

@@ -12,6 +12,11 @@
 //! marker; an `error` event (`{"type":"error","error":{...}}`) inside the 200 stream is an
 //! error. Since the count arrives only at the end, events carry no per-event token counts.
 //!
+//! Prompt caching: `cache_read_input_tokens` (prompt tokens served from the cache) and
+//! `cache_creation_input_tokens` (written to it) come in `message_start`'s usage, and current
+//! servers repeat the whole usage in `message_delta`; the latest wins. llama.cpp's Anthropic
+//! route sends `cache_read_input_tokens` in `message_start` too.
+//!
 //! A whole body is a `message` object: its content blocks say whether anything was generated
 //! (text is content; thinking and tool use are output), with `stop_reason` and `usage`; or an
 //! `error` object.
@@ -19,7 +24,7 @@
 use serde::de::{Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
 
-use super::{Count, Finish, Name, Shape, Verdict};
+use super::{update, Count, EngineReport, Finish, Name, Shape, Verdict};
 
 #[derive(Deserialize)]
 struct Event<'a> {
@@ -54,6 +59,20 @@ struct Usage {
     output_tokens: Count,
     #[serde(default)]
     input_tokens: Count,
+    #[serde(default)]
+    cache_read_input_tokens: Count,
+    #[serde(default)]
+    cache_creation_input_tokens: Count,
+}
+
+impl Usage {
+    fn report(&self, report: &mut EngineReport) {
+        update(&mut report.cached_tokens, self.cache_read_input_tokens.0);
+        update(
+            &mut report.cache_creation_tokens,
+            self.cache_creation_input_tokens.0,
+        );
+    }
 }
 
 /// The `message` of `message_start`: only its usage matters.
@@ -63,7 +82,7 @@ struct Start {
     usage: Option<Usage>,
 }
 
-pub(super) fn event(event_type: &[u8], data: &[u8]) -> Verdict {
+pub(super) fn event(event_type: &[u8], data: &[u8], report: &mut EngineReport) -> Verdict {
     // Events that say everything by their name are not parsed.
     match event_type {
         b"ping" | b"content_block_start" | b"content_block_stop" => return Verdict::default(),
@@ -112,17 +131,23 @@ pub(super) fn event(event_type: &[u8], data: &[u8]) -> Verdict {
                 ..Verdict::default()
             }
         }
-        b"message_start" => Verdict {
-            // The start's output count is a placeholder: only the prompt count is real.
-            usage_prompt_tokens: e
-                .message
-                .and_then(|m| m.usage)
-                .and_then(|u| u.input_tokens.0),
-            ..Verdict::default()
-        },
+        b"message_start" => {
+            let usage = e.message.and_then(|m| m.usage);
+            if let Some(u) = &usage {
+                u.report(report);
+            }
+            Verdict {
+                // The start's output count is a placeholder: only the prompt count is real.
+                usage_prompt_tokens: usage.and_then(|u| u.input_tokens.0),
+                ..Verdict::default()
+            }
+        }
         b"message_delta" => {
             let (usage_output_tokens, usage_prompt_tokens) = match &e.usage {
-                Some(u) => (u.output_tokens.0, u.input_tokens.0),
+                Some(u) => {
+                    u.report(report);
+                    (u.output_tokens.0, u.input_tokens.0)
+                }
                 None => (None, None),
             };
             Verdict {
@@ -145,7 +170,7 @@ pub(super) fn event(event_type: &[u8], data: &[u8]) -> Verdict {
 }
 
 /// A whole `message` object, or an error body.
-pub(super) fn body(body: &[u8]) -> Verdict {
+pub(super) fn body(body: &[u8], report: &mut EngineReport) -> Verdict {
     #[derive(Deserialize)]
     struct Message<'a> {
         #[serde(default, borrow, rename = "type")]
@@ -161,7 +186,10 @@ pub(super) fn body(body: &[u8]) -> Verdict {
         return Verdict::default();
     };
     let (usage_output_tokens, usage_prompt_tokens) = match &m.usage {
-        Some(u) => (u.output_tokens.0, u.input_tokens.0),
+        Some(u) => {
+            u.report(report);
+            (u.output_tokens.0, u.input_tokens.0)
+        }
         None => (None, None),
     };
     Verdict {
@@ -233,7 +261,15 @@ mod tests {
     use crate::parse::event::FinishReason;
 
     fn ev(name: &str, data: &str) -> Verdict {
-        event(name.as_bytes(), data.as_bytes())
+        event(
+            name.as_bytes(),
+            data.as_bytes(),
+            &mut EngineReport::default(),
+        )
+    }
+
+    fn body(json: &[u8]) -> Verdict {
+        super::body(json, &mut EngineReport::default())
     }
 
     #[test]
@@ -332,6 +368,51 @@ mod tests {
         assert!(v.output && v.content);
         assert!(ev("", r#"{"type":"message_stop"}"#).end);
         assert!(ev("", r#"{"type":"error","error":{"type":"api_error"}}"#).error);
+    }
+
+    /// Prompt caching: both counts in `message_start`; current servers repeat the whole usage
+    /// in `message_delta`, which wins.
+    #[test]
+    fn cache_counts_from_start_and_delta() {
+        let mut r = EngineReport::default();
+        event(
+            b"message_start",
+            br#"{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","content":[],"model":"claude-sonnet-4-5","stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":12,"cache_creation_input_tokens":0,"cache_read_input_tokens":2048,"cache_creation":{"ephemeral_5m_input_tokens":0,"ephemeral_1h_input_tokens":0},"output_tokens":1,"service_tier":"standard"}}}"#,
+            &mut r,
+        );
+        assert_eq!(
+            (r.cached_tokens, r.cache_creation_tokens),
+            (Some(2048), Some(0))
+        );
+        // A delta without cache counts keeps them.
+        event(
+            b"message_delta",
+            br#"{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":30}}"#,
+            &mut r,
+        );
+        assert_eq!(
+            (r.cached_tokens, r.cache_creation_tokens),
+            (Some(2048), Some(0))
+        );
+        event(
+            b"message_delta",
+            br#"{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"input_tokens":12,"cache_creation_input_tokens":310,"cache_read_input_tokens":2048,"output_tokens":30,"server_tool_use":{"web_search_requests":0}}}"#,
+            &mut r,
+        );
+        assert_eq!(
+            (r.cached_tokens, r.cache_creation_tokens),
+            (Some(2048), Some(310))
+        );
+        assert_eq!(r.source, None);
+        let mut r = EngineReport::default();
+        super::body(
+            br#"{"type":"message","content":[{"type":"text","text":"Hi"}],"stop_reason":"end_turn","usage":{"input_tokens":3,"cache_creation_input_tokens":1500,"cache_read_input_tokens":0,"output_tokens":2}}"#,
+            &mut r,
+        );
+        assert_eq!(
+            (r.cached_tokens, r.cache_creation_tokens),
+            (Some(0), Some(1500))
+        );
     }
 
     #[test]

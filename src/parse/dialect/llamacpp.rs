@@ -10,10 +10,15 @@
 //! so the tokens of an output event are its growth since the last output event of the same
 //! `index` (several prompts stream interleaved); the count of a stream is the sum over indexes.
 //! An event `{"error": {...}}` is an error.
+//!
+//! The final event (and every event with `timings_per_token`) carries the server's `timings`:
+//! `cache_n` prompt tokens were served from the slot's cache, `prompt_n` were processed in
+//! `prompt_ms`, and generation took `predicted_ms`. They go into the engine report; the latest
+//! wins, so a batch of prompts reports the last one to finish.
 
 use serde::Deserialize;
 
-use super::{Alarm, Count, Finish, Flag, Index, Shape, Tracks, Verdict};
+use super::{Alarm, Count, EngineReport, Finish, Flag, Index, Shape, Timings, Tracks, Verdict};
 
 #[derive(Deserialize)]
 struct Event {
@@ -35,14 +40,6 @@ struct Event {
     error: Alarm,
 }
 
-#[derive(Deserialize)]
-struct Timings {
-    #[serde(default)]
-    predicted_n: Count,
-    #[serde(default)]
-    prompt_n: Count,
-}
-
 impl Event {
     fn predicted(&self) -> Option<u64> {
         self.tokens_predicted
@@ -56,7 +53,10 @@ impl Event {
             .or_else(|| self.timings.as_ref().and_then(|t| t.prompt_n.0))
     }
 
-    fn verdict(&self) -> Verdict {
+    fn verdict(&self, report: &mut EngineReport) -> Verdict {
+        if let Some(t) = &self.timings {
+            t.report(report);
+        }
         let output = self.content.filled();
         let stop = self.stop.0;
         Verdict {
@@ -80,14 +80,19 @@ pub(in crate::parse) struct LlamaCpp {
 }
 
 impl LlamaCpp {
-    pub(super) fn event(&mut self, event_type: &[u8], data: &[u8]) -> Verdict {
+    pub(super) fn event(
+        &mut self,
+        event_type: &[u8],
+        data: &[u8],
+        report: &mut EngineReport,
+    ) -> Verdict {
         let Ok(e) = serde_json::from_slice::<Event>(data) else {
             return Verdict {
                 error: event_type == b"error",
                 ..Verdict::default()
             };
         };
-        let mut v = e.verdict();
+        let mut v = e.verdict(report);
         v.error |= event_type == b"error";
         if let Some(count) = e.predicted() {
             v.tokens = self.tracks.count(e.index.0, count, v.output);
@@ -98,11 +103,11 @@ impl LlamaCpp {
 }
 
 /// A whole `/completion` answer.
-pub(super) fn body(body: &[u8]) -> Verdict {
+pub(super) fn body(body: &[u8], report: &mut EngineReport) -> Verdict {
     match serde_json::from_slice::<Event>(body) {
         Ok(e) => Verdict {
             end: true,
-            ..e.verdict()
+            ..e.verdict(report)
         },
         Err(_) => Verdict::default(),
     }
@@ -113,10 +118,16 @@ mod tests {
     use super::*;
     use crate::parse::event::FinishReason;
 
+    /// One event read by a fresh stream.
+    fn ev(data: &str) -> Verdict {
+        LlamaCpp::default().event(b"", data.as_bytes(), &mut EngineReport::default())
+    }
+
     #[test]
     fn stream_events() {
         let mut s = LlamaCpp::default();
-        let mut ev = |data: &str| s.event(b"", data.as_bytes());
+        let mut report = EngineReport::default();
+        let mut ev = |data: &str| s.event(b"", data.as_bytes(), &mut report);
         let v = ev(
             r#"{"index":0,"content":"Hello","tokens":[15043],"stop":false,"id_slot":0,"tokens_predicted":1,"tokens_evaluated":6}"#,
         );
@@ -152,22 +163,17 @@ mod tests {
             ("limit", FinishReason::Length),
             ("none", FinishReason::Other),
         ] {
-            let v = LlamaCpp::default().event(
-                b"",
-                format!(
-                    r#"{{"content":"","stop":true,"stop_type":"{name}","tokens_predicted":8}}"#
-                )
-                .as_bytes(),
-            );
+            let v = ev(&format!(
+                r#"{{"content":"","stop":true,"stop_type":"{name}","tokens_predicted":8}}"#
+            ));
             assert_eq!(v.finish, Some(want), "{name}");
         }
     }
 
     #[test]
     fn older_servers_count_in_timings() {
-        let v = LlamaCpp::default().event(
-            b"",
-            br#"{"content":"","stop":true,"stop_type":"limit","timings":{"predicted_n":16,"prompt_n":4}}"#,
+        let v = ev(
+            r#"{"content":"","stop":true,"stop_type":"limit","timings":{"predicted_n":16,"prompt_n":4}}"#,
         );
         assert_eq!(
             (v.usage_output_tokens, v.usage_prompt_tokens),
@@ -177,17 +183,49 @@ mod tests {
 
     #[test]
     fn errors() {
-        let v = LlamaCpp::default().event(
-            b"",
-            br#"{"error":{"code":500,"message":"the request exceeds the available context size","type":"exceed_context_size_error"}}"#,
+        let v = ev(
+            r#"{"error":{"code":500,"message":"the request exceeds the available context size","type":"exceed_context_size_error"}}"#,
         );
         assert!(v.error && !v.output);
+    }
+
+    /// The final event's `timings` (current servers add `cache_n`); with `timings_per_token`
+    /// every event has them and the last wins.
+    #[test]
+    fn timings_report_cache_prefill_and_decode() {
+        let mut s = LlamaCpp::default();
+        let mut r = EngineReport::default();
+        s.event(
+            b"",
+            br#"{"index":0,"content":"Hi","tokens":[1],"stop":false,"id_slot":0,"tokens_predicted":1,"tokens_evaluated":40,"timings":{"cache_n":32,"prompt_n":8,"prompt_ms":50.5,"prompt_per_token_ms":6.3,"prompt_per_second":158.4,"predicted_n":1,"predicted_ms":0.001,"predicted_per_token_ms":0,"predicted_per_second":0}}"#,
+            &mut r,
+        );
+        assert_eq!(r.decode, Some(std::time::Duration::from_micros(1)));
+        s.event(
+            b"",
+            br#"{"index":0,"content":"","tokens":[],"id_slot":0,"stop":true,"model":"m","tokens_predicted":4,"tokens_evaluated":40,"stop_type":"eos","stopping_word":"","tokens_cached":43,"timings":{"cache_n":32,"prompt_n":8,"prompt_ms":50.5,"prompt_per_token_ms":6.3,"prompt_per_second":158.4,"predicted_n":4,"predicted_ms":75.25,"predicted_per_token_ms":25.08,"predicted_per_second":39.87}}"#,
+            &mut r,
+        );
+        assert_eq!(r.cached_tokens, Some(32), "cache_n, not tokens_cached");
+        assert_eq!(r.prompt_processed, Some(8));
+        assert_eq!(r.prefill, Some(std::time::Duration::from_micros(50_500)));
+        assert_eq!(r.decode, Some(std::time::Duration::from_micros(75_250)));
+        assert_eq!(r.source, Some(crate::parse::report::Engine::LlamaCpp));
+        // Events without timings report nothing.
+        let mut r = EngineReport::default();
+        LlamaCpp::default().event(
+            b"",
+            br#"{"index":0,"content":"Hi","tokens":[1],"stop":false,"tokens_predicted":1}"#,
+            &mut r,
+        );
+        assert!(r.is_empty());
     }
 
     #[test]
     fn whole_body() {
         let v = body(
             br#"{"index":0,"content":"Paris.","tokens":[],"id_slot":0,"stop":true,"tokens_predicted":3,"tokens_evaluated":8,"stop_type":"eos","timings":{"predicted_n":3}}"#,
+            &mut EngineReport::default(),
         );
         assert!(v.output && v.content && v.end);
         assert_eq!(v.usage_output_tokens, Some(3));

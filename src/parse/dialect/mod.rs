@@ -22,11 +22,14 @@ mod sglang;
 mod sniff;
 mod tgi;
 
+use std::time::Duration;
+
 use serde::de::{Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::event::{Dialect, FinishReason};
+use super::report::{span, update, Engine, EngineReport};
 
 /// How many events may pass before sniffing gives up and the stream stays unknown. The first
 /// payload nearly always decides; the few after it allow for a keep-alive or a proxy's own
@@ -116,21 +119,29 @@ impl Interpreter {
         matches!(self, Interpreter::Sniffing { .. })
     }
 
-    /// One streamed event.
-    pub(super) fn event(&mut self, event_type: &[u8], data: &[u8]) -> Verdict {
+    /// One streamed event. What it says about cache, reasoning and the engine's own timing goes
+    /// into `report`, when it carries any of it.
+    pub(super) fn event(
+        &mut self,
+        event_type: &[u8],
+        data: &[u8],
+        report: &mut EngineReport,
+    ) -> Verdict {
         match self {
-            Interpreter::OpenAiChat(s) => s.chat_event(event_type, data),
-            Interpreter::OpenAiCompletions(s) => s.completions_event(event_type, data),
-            Interpreter::OpenAiResponses(s) => s.event(event_type, data),
-            Interpreter::Anthropic => anthropic::event(event_type, data),
+            Interpreter::OpenAiChat(s) => s.chat_event(event_type, data, report),
+            Interpreter::OpenAiCompletions(s) => s.completions_event(event_type, data, report),
+            Interpreter::OpenAiResponses(s) => s.event(event_type, data, report),
+            Interpreter::Anthropic => anthropic::event(event_type, data, report),
+            // TGI's stream carries no cache or timing facts; its timing is in the headers of a
+            // non-streaming answer (`engine_headers`).
             Interpreter::Tgi => tgi::event(event_type, data),
-            Interpreter::Ollama => ollama::event(event_type, data),
-            Interpreter::LlamaCpp(s) => s.event(event_type, data),
-            Interpreter::SgLang(s) => s.event(event_type, data),
+            Interpreter::Ollama => ollama::event(event_type, data, report),
+            Interpreter::LlamaCpp(s) => s.event(event_type, data, report),
+            Interpreter::SgLang(s) => s.event(event_type, data, report),
             Interpreter::Sniffing { .. } => match sniff::sniff(event_type, data) {
                 Some(dialect) => {
                     *self = Interpreter::new(dialect);
-                    self.event(event_type, data)
+                    self.event(event_type, data, report)
                 }
                 None => {
                     self.skipped();
@@ -152,21 +163,21 @@ impl Interpreter {
         }
     }
 
-    /// A whole non-streaming body.
-    pub(super) fn body(&mut self, body: &[u8]) -> Verdict {
+    /// A whole non-streaming body; what it says beyond its output goes into `report`.
+    pub(super) fn body(&mut self, body: &[u8], report: &mut EngineReport) -> Verdict {
         match self {
-            Interpreter::OpenAiChat(_) => openai::chat_body(body),
-            Interpreter::OpenAiCompletions(_) => openai::completions_body(body),
-            Interpreter::OpenAiResponses(_) => responses::body(body),
-            Interpreter::Anthropic => anthropic::body(body),
+            Interpreter::OpenAiChat(_) => openai::chat_body(body, report),
+            Interpreter::OpenAiCompletions(_) => openai::completions_body(body, report),
+            Interpreter::OpenAiResponses(_) => responses::body(body, report),
+            Interpreter::Anthropic => anthropic::body(body, report),
             Interpreter::Tgi => tgi::body(body),
-            Interpreter::Ollama => ollama::body(body),
-            Interpreter::LlamaCpp(_) => llamacpp::body(body),
-            Interpreter::SgLang(_) => sglang::body(body),
+            Interpreter::Ollama => ollama::body(body, report),
+            Interpreter::LlamaCpp(_) => llamacpp::body(body, report),
+            Interpreter::SgLang(_) => sglang::body(body, report),
             Interpreter::Sniffing { .. } => match sniff::sniff(b"", body) {
                 Some(dialect) => {
                     *self = Interpreter::new(dialect);
-                    self.body(body)
+                    self.body(body, report)
                 }
                 // A body is the only payload there is: nothing else will tell.
                 None => {
@@ -253,6 +264,84 @@ impl<'de> Deserialize<'de> for Count {
             Ok(f) if f.is_finite() && f >= 0.0 => Ok(Count(Some(f as u64))),
             _ => Ok(Count(None)),
         }
+    }
+}
+
+/// A time span as a JSON number in some unit (`SCALE` of them in a second); anything that is not
+/// a finite non-negative number is no duration at all, rather than a reason to drop the event.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Span<const SCALE: u64>(Option<Duration>);
+
+/// Milliseconds (llama.cpp's `timings.prompt_ms`, `predicted_ms`).
+type Millis = Span<1_000>;
+/// Seconds (SGLang's `meta_info.e2e_latency`, `inference_time`).
+type Seconds = Span<1>;
+/// Nanoseconds (Ollama's `*_duration`).
+type Nanos = Span<1_000_000_000>;
+
+impl<'de, const SCALE: u64> Deserialize<'de> for Span<SCALE> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = <&'de RawValue>::deserialize(d)?.get();
+        Ok(Span(span(raw, SCALE)))
+    }
+}
+
+/// `usage.prompt_tokens_details` (OpenAI chat and completions) and
+/// `usage.input_tokens_details` (Responses API): only the cached count is read.
+#[derive(Deserialize)]
+struct PromptDetails {
+    #[serde(default)]
+    cached_tokens: Count,
+}
+
+/// `usage.completion_tokens_details` (OpenAI chat and completions) and
+/// `usage.output_tokens_details` (Responses API): only the reasoning count is read.
+#[derive(Deserialize)]
+struct OutputDetails {
+    #[serde(default)]
+    reasoning_tokens: Count,
+}
+
+/// The cached and reasoning counts of an OpenAI-style usage, into `report`.
+fn report_details(
+    prompt: Option<&PromptDetails>,
+    output: Option<&OutputDetails>,
+    report: &mut EngineReport,
+) {
+    if let Some(p) = prompt {
+        update(&mut report.cached_tokens, p.cached_tokens.0);
+    }
+    if let Some(o) = output {
+        update(&mut report.reasoning_tokens, o.reasoning_tokens.0);
+    }
+}
+
+/// llama.cpp's `timings` object, on the final event of every endpoint (native `/completion`,
+/// `/v1/completions`, `/v1/chat/completions`, `/v1/responses`; on every event with
+/// `timings_per_token`): `cache_n` prompt tokens came from the cache, `prompt_n` were processed
+/// in `prompt_ms`, `predicted_n` were generated in `predicted_ms` (`server_slot_stats::to_json`
+/// in `tools/server/server-common.cpp`).
+#[derive(Deserialize)]
+struct Timings {
+    #[serde(default)]
+    cache_n: Count,
+    #[serde(default)]
+    prompt_n: Count,
+    #[serde(default)]
+    prompt_ms: Millis,
+    #[serde(default)]
+    predicted_n: Count,
+    #[serde(default)]
+    predicted_ms: Millis,
+}
+
+impl Timings {
+    fn report(&self, report: &mut EngineReport) {
+        update(&mut report.cached_tokens, self.cache_n.0);
+        update(&mut report.prompt_processed, self.prompt_n.0);
+        update(&mut report.prefill, self.prompt_ms.0);
+        update(&mut report.decode, self.predicted_ms.0);
+        report.source = Some(Engine::LlamaCpp);
     }
 }
 
@@ -476,6 +565,8 @@ struct Batch {
     finish: Option<FinishReason>,
     tokens: Option<u64>,
     prompt: Option<u64>,
+    /// What the results said beyond their output, folded as each dialect sees fit.
+    report: EngineReport,
 }
 
 impl Batch {
@@ -489,12 +580,14 @@ impl Batch {
         self.prompt = add(self.prompt, prompt);
     }
 
-    /// Reads a one-or-many body whose results fold into a `Batch` through `T`.
-    fn read<T: Fold + Into<Batch>>(body: &[u8]) -> Verdict {
+    /// Reads a one-or-many body whose results fold into a `Batch` through `T`; the batch's
+    /// report is merged into `report`.
+    fn read<T: Fold + Into<Batch>>(body: &[u8], report: &mut EngineReport) -> Verdict {
         let Ok(OneOrMany(all)) = serde_json::from_slice::<OneOrMany<T>>(body) else {
             return Verdict::default();
         };
         let all: Batch = all.into();
+        *report = all.report.or(*report);
         Verdict {
             output: all.output,
             content: all.output,
@@ -792,11 +885,15 @@ mod tests {
     #[test]
     fn sniffing_gives_up_after_a_few_events() {
         let mut i = Interpreter::new(Dialect::Auto);
+        let mut report = EngineReport::default();
         for _ in 0..SNIFF_EVENTS - 1 {
-            assert_eq!(i.event(b"", b"{\"hello\":1}"), Verdict::default());
+            assert_eq!(
+                i.event(b"", b"{\"hello\":1}", &mut report),
+                Verdict::default()
+            );
             assert!(i.is_sniffing());
         }
-        i.event(b"", b"[DONE]");
+        i.event(b"", b"[DONE]", &mut report);
         assert!(i.is_off());
         assert_eq!(i.dialect(), Dialect::Unknown);
     }
@@ -804,10 +901,12 @@ mod tests {
     #[test]
     fn sniffing_reads_the_event_that_decided() {
         let mut i = Interpreter::new(Dialect::Auto);
-        assert_eq!(i.event(b"", b": not json"), Verdict::default());
+        let mut report = EngineReport::default();
+        assert_eq!(i.event(b"", b": not json", &mut report), Verdict::default());
         let v = i.event(
             b"",
             br#"{"object":"chat.completion.chunk","choices":[{"delta":{"content":"Hi"}}]}"#,
+            &mut report,
         );
         assert_eq!(i.dialect(), Dialect::OpenAiChat);
         assert!(v.output && v.content);

@@ -20,12 +20,21 @@
 //! `"object": "error"`, or an SSE event named `error`) is an error. A payload that is not JSON
 //! is ignored, not an error: a stream is judged by its end marker, not by one odd line. Unknown
 //! fields (`id`, `logprobs`, `obfuscation`, ...) are skipped unread.
+//!
+//! What explains the figures, read from the usage wherever it comes: cached prompt tokens from
+//! `usage.prompt_tokens_details.cached_tokens` (OpenAI; vLLM with `--enable-prompt-tokens-details`,
+//! SGLang with `--enable-cache-report`, llama.cpp always) or DeepSeek's
+//! `usage.prompt_cache_hit_tokens`; reasoning tokens from
+//! `usage.completion_tokens_details.reasoning_tokens` or SGLang's `usage.reasoning_tokens`.
+//! llama.cpp adds its `timings` object to the last chunk (and to every chunk with
+//! `timings_per_token`); vLLM's and SGLang's OpenAI servers report no timing in the body.
 
 use serde::de::{Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
 
 use super::{
-    is_done, Alarm, Count, Finish, FinishReason, Index, Shape, ToolCalls, Tracks, Verdict,
+    is_done, report_details, update, Alarm, Count, EngineReport, Finish, FinishReason, Index,
+    OutputDetails, PromptDetails, Shape, Timings, ToolCalls, Tracks, Verdict,
 };
 
 /// One chunk of a stream, or a whole body: only the fields that matter here. Everything else
@@ -40,6 +49,9 @@ struct Chunk {
     error: Alarm,
     #[serde(default, deserialize_with = "Alarm::object_field")]
     object: Alarm,
+    /// llama.cpp's own timing, on the last chunk.
+    #[serde(default)]
+    timings: Option<Timings>,
 }
 
 #[derive(Deserialize)]
@@ -48,6 +60,28 @@ struct Usage {
     completion_tokens: Count,
     #[serde(default)]
     prompt_tokens: Count,
+    #[serde(default)]
+    prompt_tokens_details: Option<PromptDetails>,
+    #[serde(default)]
+    completion_tokens_details: Option<OutputDetails>,
+    /// SGLang puts its reasoning count beside the others.
+    #[serde(default)]
+    reasoning_tokens: Count,
+    /// DeepSeek's name for cached prompt tokens.
+    #[serde(default)]
+    prompt_cache_hit_tokens: Count,
+}
+
+impl Usage {
+    fn report(&self, report: &mut EngineReport) {
+        update(&mut report.cached_tokens, self.prompt_cache_hit_tokens.0);
+        update(&mut report.reasoning_tokens, self.reasoning_tokens.0);
+        report_details(
+            self.prompt_tokens_details.as_ref(),
+            self.completion_tokens_details.as_ref(),
+            report,
+        );
+    }
 }
 
 /// One element of `choices`.
@@ -167,15 +201,31 @@ pub(in crate::parse) struct OpenAi {
 }
 
 impl OpenAi {
-    pub(super) fn chat_event(&mut self, event_type: &[u8], data: &[u8]) -> Verdict {
-        self.event(Flavour::Chat, event_type, data)
+    pub(super) fn chat_event(
+        &mut self,
+        event_type: &[u8],
+        data: &[u8],
+        report: &mut EngineReport,
+    ) -> Verdict {
+        self.event(Flavour::Chat, event_type, data, report)
     }
 
-    pub(super) fn completions_event(&mut self, event_type: &[u8], data: &[u8]) -> Verdict {
-        self.event(Flavour::Completions, event_type, data)
+    pub(super) fn completions_event(
+        &mut self,
+        event_type: &[u8],
+        data: &[u8],
+        report: &mut EngineReport,
+    ) -> Verdict {
+        self.event(Flavour::Completions, event_type, data, report)
     }
 
-    fn event(&mut self, flavour: Flavour, event_type: &[u8], data: &[u8]) -> Verdict {
+    fn event(
+        &mut self,
+        flavour: Flavour,
+        event_type: &[u8],
+        data: &[u8],
+        report: &mut EngineReport,
+    ) -> Verdict {
         let base = Verdict {
             error: event_type == b"error",
             ..Verdict::default()
@@ -186,7 +236,7 @@ impl OpenAi {
         let Ok(chunk) = serde_json::from_slice::<Chunk>(data) else {
             return base;
         };
-        let mut verdict = read(flavour, &chunk, base);
+        let mut verdict = read(flavour, &chunk, base, report);
         let running = chunk.usage.as_ref().and_then(|u| u.completion_tokens.0);
         if let (Some(count), 1) = (running, chunk.choices.count) {
             verdict.tokens = self
@@ -197,22 +247,28 @@ impl OpenAi {
     }
 }
 
-pub(super) fn chat_body(body: &[u8]) -> Verdict {
-    parse(Flavour::Chat, body)
+pub(super) fn chat_body(body: &[u8], report: &mut EngineReport) -> Verdict {
+    parse(Flavour::Chat, body, report)
 }
 
-pub(super) fn completions_body(body: &[u8]) -> Verdict {
-    parse(Flavour::Completions, body)
+pub(super) fn completions_body(body: &[u8], report: &mut EngineReport) -> Verdict {
+    parse(Flavour::Completions, body, report)
 }
 
-fn parse(flavour: Flavour, json: &[u8]) -> Verdict {
+fn parse(flavour: Flavour, json: &[u8], report: &mut EngineReport) -> Verdict {
     match serde_json::from_slice::<Chunk>(json) {
-        Ok(chunk) => read(flavour, &chunk, Verdict::default()),
+        Ok(chunk) => read(flavour, &chunk, Verdict::default(), report),
         Err(_) => Verdict::default(),
     }
 }
 
-fn read(flavour: Flavour, chunk: &Chunk, base: Verdict) -> Verdict {
+fn read(flavour: Flavour, chunk: &Chunk, base: Verdict, report: &mut EngineReport) -> Verdict {
+    if let Some(usage) = &chunk.usage {
+        usage.report(report);
+    }
+    if let Some(timings) = &chunk.timings {
+        timings.report(report);
+    }
     let choices = &chunk.choices;
     let (output, content) = match flavour {
         Flavour::Chat => {
@@ -242,15 +298,25 @@ mod tests {
     use super::*;
 
     fn chat(data: &str) -> Verdict {
-        OpenAi::default().chat_event(b"", data.as_bytes())
+        OpenAi::default().chat_event(b"", data.as_bytes(), &mut EngineReport::default())
     }
 
     fn chat_event(event_type: &[u8], data: &[u8]) -> Verdict {
-        OpenAi::default().chat_event(event_type, data)
+        OpenAi::default().chat_event(event_type, data, &mut EngineReport::default())
     }
 
     fn completions_event(event_type: &[u8], data: &[u8]) -> Verdict {
-        OpenAi::default().completions_event(event_type, data)
+        OpenAi::default().completions_event(event_type, data, &mut EngineReport::default())
+    }
+
+    /// What a whole stream of chat payloads reports beyond its output.
+    fn chat_report(events: &[&str]) -> EngineReport {
+        let mut s = OpenAi::default();
+        let mut report = EngineReport::default();
+        for data in events {
+            s.chat_event(b"", data.as_bytes(), &mut report);
+        }
+        report
     }
 
     #[test]
@@ -382,7 +448,8 @@ mod tests {
     #[test]
     fn continuous_usage_gives_tokens_per_event() {
         let mut s = OpenAi::default();
-        let mut ev = |data: &str| s.chat_event(b"", data.as_bytes());
+        let mut report = EngineReport::default();
+        let mut ev = |data: &str| s.chat_event(b"", data.as_bytes(), &mut report);
         let role = ev(
             r#"{"object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""}}],"usage":{"prompt_tokens":9,"total_tokens":9,"completion_tokens":0}}"#,
         );
@@ -412,6 +479,7 @@ mod tests {
         let v = s.chat_event(
             b"",
             br#"{"choices":[{"index":0,"delta":{"content":" and"},"finish_reason":"length"}],"usage":{"prompt_tokens":26,"completion_tokens":20}}"#,
+            &mut EngineReport::default(),
         );
         assert!(v.output && v.end);
         assert_eq!((v.tokens, v.usage_output_tokens), (None, Some(20)));
@@ -444,26 +512,118 @@ mod tests {
           }],
           "usage": {"prompt_tokens": 9, "completion_tokens": 12, "total_tokens": 21}
         }"#;
-        let v = chat_body(body);
+        let v = chat_body(body, &mut EngineReport::default());
         assert!(v.output && v.content && v.end && !v.error);
         assert_eq!(v.finish, Some(FinishReason::Stop));
         assert_eq!(v.usage_output_tokens, Some(12));
         assert_eq!(v.usage_prompt_tokens, Some(9));
 
         let body = br#"{"object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"f","arguments":"{}"}}]},"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":50,"completion_tokens":15}}"#;
-        let v = chat_body(body);
+        let v = chat_body(body, &mut EngineReport::default());
         assert!(v.output && !v.content);
         assert_eq!(v.finish, Some(FinishReason::ToolCalls));
 
         let body = br#"{"error":{"message":"The model `x` does not exist","type":"invalid_request_error","param":null,"code":"model_not_found"}}"#;
-        let v = chat_body(body);
+        let v = chat_body(body, &mut EngineReport::default());
         assert!(v.error && !v.output);
+    }
+
+    /// OpenAI's usage with prompt caching and reasoning (an o-series model): the counts are in
+    /// the details; an event without usage leaves what an earlier one said.
+    #[test]
+    fn cached_and_reasoning_tokens_from_the_details() {
+        let r = chat_report(&[
+            r#"{"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}],"usage":null}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":2006,"completion_tokens":300,"total_tokens":2306,"prompt_tokens_details":{"cached_tokens":1920,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":192,"audio_tokens":0,"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}}}"#,
+            "[DONE]",
+        ]);
+        assert_eq!(r.cached_tokens, Some(1920));
+        assert_eq!(r.reasoning_tokens, Some(192));
+        assert_eq!(r.source, None, "usage counts name no engine");
+        assert_eq!(
+            (r.prefill, r.total, r.cache_creation_tokens),
+            (None, None, None)
+        );
+    }
+
+    #[test]
+    fn usage_without_details_reports_nothing() {
+        let r = chat_report(&[
+            r#"{"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":4,"prompt_tokens_details":null,"completion_tokens_details":null}}"#,
+        ]);
+        assert!(r.is_empty(), "{r:?}");
+        let r = chat_report(&[
+            r#"{"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":4,"prompt_tokens_details":{"cached_tokens":null}}}"#,
+        ]);
+        assert!(r.is_empty(), "{r:?}");
+    }
+
+    /// SGLang puts `reasoning_tokens` beside the counts; DeepSeek names its cache hits
+    /// differently.
+    #[test]
+    fn other_servers_names_for_the_same_counts() {
+        let r = chat_report(&[
+            r#"{"id":"c","object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":12,"total_tokens":40,"completion_tokens":28,"prompt_tokens_details":{"cached_tokens":8},"reasoning_tokens":20}}"#,
+        ]);
+        assert_eq!((r.cached_tokens, r.reasoning_tokens), (Some(8), Some(20)));
+        let r = chat_report(&[
+            r#"{"choices":[],"usage":{"prompt_tokens":74,"completion_tokens":11,"total_tokens":85,"prompt_cache_hit_tokens":64,"prompt_cache_miss_tokens":10}}"#,
+        ]);
+        assert_eq!(r.cached_tokens, Some(64));
+    }
+
+    /// vLLM's continuous usage stats repeat the usage on every chunk: the latest wins.
+    #[test]
+    fn the_latest_usage_wins() {
+        let r = chat_report(&[
+            r#"{"choices":[{"index":0,"delta":{"content":"a"}}],"usage":{"prompt_tokens":9,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":0}}}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"b"}}],"usage":{"prompt_tokens":9,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":8}}}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"c"}}]}"#,
+        ]);
+        assert_eq!(r.cached_tokens, Some(8));
+    }
+
+    /// llama.cpp's last chunk of `/v1/chat/completions` (`to_json_oaicompat_chat_stream`): usage
+    /// with the cached count, and the server's `timings`.
+    #[test]
+    fn llamacpp_timings_on_the_last_chunk() {
+        let r = chat_report(&[
+            r#"{"choices":[{"finish_reason":"length","index":0,"delta":{}}],"created":1760000000,"id":"chatcmpl-x","model":"gpt-3.5-turbo","system_fingerprint":"b6700-abc","object":"chat.completion.chunk"}"#,
+            r#"{"choices":[],"created":1760000000,"id":"chatcmpl-x","model":"gpt-3.5-turbo","system_fingerprint":"b6700-abc","object":"chat.completion.chunk","usage":{"completion_tokens":16,"prompt_tokens":41,"total_tokens":57,"prompt_tokens_details":{"cached_tokens":32}},"timings":{"cache_n":32,"prompt_n":9,"prompt_ms":61.25,"prompt_per_token_ms":6.8,"prompt_per_second":146.9,"predicted_n":16,"predicted_ms":412.5,"predicted_per_token_ms":27.5,"predicted_per_second":36.36}}"#,
+            "[DONE]",
+        ]);
+        assert_eq!(r.cached_tokens, Some(32));
+        assert_eq!(r.prompt_processed, Some(9));
+        assert_eq!(r.prefill, Some(std::time::Duration::from_micros(61_250)));
+        assert_eq!(r.decode, Some(std::time::Duration::from_micros(412_500)));
+        assert_eq!(r.source, Some(crate::parse::report::Engine::LlamaCpp));
+    }
+
+    #[test]
+    fn whole_bodies_report_too() {
+        let mut r = EngineReport::default();
+        completions_body(
+            br#"{"choices":[{"text":"x","index":0,"logprobs":null,"finish_reason":"length"}],"object":"text_completion","usage":{"completion_tokens":1,"prompt_tokens":5,"total_tokens":6,"prompt_tokens_details":{"cached_tokens":4}},"timings":{"cache_n":4,"prompt_n":1,"prompt_ms":3,"predicted_n":1,"predicted_ms":0.001}}"#,
+            &mut r,
+        );
+        assert_eq!((r.cached_tokens, r.prompt_processed), (Some(4), Some(1)));
+        assert_eq!(r.prefill, Some(std::time::Duration::from_millis(3)));
+        assert_eq!(r.decode, Some(std::time::Duration::from_micros(1)));
+        let mut r = EngineReport::default();
+        chat_body(
+            br#"{"object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1200,"completion_tokens":80,"prompt_tokens_details":{"cached_tokens":1024},"completion_tokens_details":{"reasoning_tokens":64}}}"#,
+            &mut r,
+        );
+        assert_eq!(
+            (r.cached_tokens, r.reasoning_tokens),
+            (Some(1024), Some(64))
+        );
     }
 
     #[test]
     fn whole_completions_body() {
         let body = br#"{"id":"cmpl-1","object":"text_completion","created":1,"model":"gpt-3.5-turbo-instruct","choices":[{"text":"\n\nThis is a test.","index":0,"logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":5,"completion_tokens":7,"total_tokens":12}}"#;
-        let v = completions_body(body);
+        let v = completions_body(body, &mut EngineReport::default());
         assert!(v.output && v.content && v.end);
         assert_eq!(v.finish, Some(FinishReason::Length));
         assert_eq!(v.usage_output_tokens, Some(7));

@@ -14,11 +14,18 @@
 //! A whole body is a `response` object: its `output` items say whether anything was generated
 //! (a message with text or a refusal is content; reasoning and function calls are output), its
 //! `status` and `incomplete_details` the finish, its `usage` the counts.
+//!
+//! The usage also says what explains the figures: `input_tokens_details.cached_tokens` and
+//! `output_tokens_details.reasoning_tokens`. llama.cpp's `/v1/responses` adds its `timings`
+//! object beside `response` in the `response.completed` event.
 
 use serde::de::{Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
 
-use super::{Alarm, Count, Finish, FinishReason, Name, Shape, Verdict};
+use super::{
+    report_details, Alarm, Count, EngineReport, Finish, FinishReason, Name, OutputDetails,
+    PromptDetails, Shape, Timings, Verdict,
+};
 
 /// What a Responses stream remembers: whether it streamed a function call, which makes the
 /// completed response's finish `tool_calls`.
@@ -37,6 +44,8 @@ struct Payload<'a> {
     delta: Shape,
     #[serde(default)]
     response: Option<Response>,
+    #[serde(default)]
+    timings: Option<Timings>,
 }
 
 /// A delta event's payload, when the SSE name already said what it is.
@@ -51,6 +60,9 @@ struct Delta {
 struct Terminal {
     #[serde(default)]
     response: Option<Response>,
+    /// llama.cpp's own timing.
+    #[serde(default)]
+    timings: Option<Timings>,
 }
 
 /// The `response` object of a terminal event, or a whole body.
@@ -93,6 +105,10 @@ struct Usage {
     output_tokens: Count,
     #[serde(default)]
     input_tokens: Count,
+    #[serde(default)]
+    input_tokens_details: Option<PromptDetails>,
+    #[serde(default)]
+    output_tokens_details: Option<OutputDetails>,
 }
 
 #[derive(Deserialize)]
@@ -102,9 +118,17 @@ struct Incomplete {
 }
 
 impl Response {
-    fn usage(&self) -> (Option<u64>, Option<u64>) {
+    /// The output and prompt counts; the cached and reasoning counts go into `report`.
+    fn usage(&self, report: &mut EngineReport) -> (Option<u64>, Option<u64>) {
         match &self.usage {
-            Some(u) => (u.output_tokens.0, u.input_tokens.0),
+            Some(u) => {
+                report_details(
+                    u.input_tokens_details.as_ref(),
+                    u.output_tokens_details.as_ref(),
+                    report,
+                );
+                (u.output_tokens.0, u.input_tokens.0)
+            }
             None => (None, None),
         }
     }
@@ -164,13 +188,21 @@ fn kind(name: &[u8]) -> Kind {
 }
 
 impl Responses {
-    pub(super) fn event(&mut self, event_type: &[u8], data: &[u8]) -> Verdict {
+    pub(super) fn event(
+        &mut self,
+        event_type: &[u8],
+        data: &[u8],
+        report: &mut EngineReport,
+    ) -> Verdict {
         if event_type.is_empty() {
             // No SSE name: the payload says what it is.
             let Ok(p) = serde_json::from_slice::<Payload>(data) else {
                 return Verdict::default();
             };
-            return self.read(kind(p.kind.0), p.delta, p.response.as_ref());
+            if let Some(t) = &p.timings {
+                t.report(report);
+            }
+            return self.read(kind(p.kind.0), p.delta, p.response.as_ref(), report);
         }
         match kind(event_type) {
             Kind::Lifecycle => Verdict::default(),
@@ -179,21 +211,31 @@ impl Responses {
                 ..Verdict::default()
             },
             k @ Kind::Delta { .. } => match serde_json::from_slice::<Delta>(data) {
-                Ok(d) => self.read(k, d.delta, None),
+                Ok(d) => self.read(k, d.delta, None, report),
                 Err(_) => Verdict::default(),
             },
             k @ Kind::Terminal(_) => {
                 let t = serde_json::from_slice::<Terminal>(data).ok();
+                if let Some(timings) = t.as_ref().and_then(|t| t.timings.as_ref()) {
+                    timings.report(report);
+                }
                 self.read(
                     k,
                     Shape::Absent,
                     t.as_ref().and_then(|t| t.response.as_ref()),
+                    report,
                 )
             }
         }
     }
 
-    fn read(&mut self, kind: Kind, delta: Shape, response: Option<&Response>) -> Verdict {
+    fn read(
+        &mut self,
+        kind: Kind,
+        delta: Shape,
+        response: Option<&Response>,
+        report: &mut EngineReport,
+    ) -> Verdict {
         match kind {
             Kind::Delta { content, tool } => {
                 let output = delta.filled();
@@ -206,7 +248,7 @@ impl Responses {
             }
             Kind::Terminal(status) => {
                 let (usage_output_tokens, usage_prompt_tokens) =
-                    response.map_or((None, None), Response::usage);
+                    response.map_or((None, None), |r| r.usage(report));
                 let finish = match response {
                     Some(r) => r.finish(status, self.tool_call),
                     None => Response::default().finish(status, self.tool_call),
@@ -230,11 +272,11 @@ impl Responses {
 }
 
 /// A whole (non-streaming) response object, or an error body.
-pub(super) fn body(body: &[u8]) -> Verdict {
+pub(super) fn body(body: &[u8], report: &mut EngineReport) -> Verdict {
     let Ok(r) = serde_json::from_slice::<Response>(body) else {
         return Verdict::default();
     };
-    let (usage_output_tokens, usage_prompt_tokens) = r.usage();
+    let (usage_output_tokens, usage_prompt_tokens) = r.usage(report);
     let error = r.error.0 || r.status == Status::Failed;
     Verdict {
         output: r.output.output,
@@ -342,7 +384,49 @@ mod tests {
     use super::*;
 
     fn ev(s: &mut Responses, name: &str, data: &str) -> Verdict {
-        s.event(name.as_bytes(), data.as_bytes())
+        s.event(
+            name.as_bytes(),
+            data.as_bytes(),
+            &mut EngineReport::default(),
+        )
+    }
+
+    fn body(json: &[u8]) -> Verdict {
+        super::body(json, &mut EngineReport::default())
+    }
+
+    /// The Responses API's usage details, and llama.cpp's `timings` beside `response`.
+    #[test]
+    fn terminal_usage_details_and_timings() {
+        let mut s = Responses::default();
+        let mut r = EngineReport::default();
+        s.event(
+            b"response.completed",
+            br#"{"type":"response.completed","sequence_number":20,"response":{"id":"resp_1","object":"response","status":"completed","output":[],"usage":{"input_tokens":7112,"input_tokens_details":{"cached_tokens":3072},"output_tokens":463,"output_tokens_details":{"reasoning_tokens":64},"total_tokens":7575}}}"#,
+            &mut r,
+        );
+        assert_eq!(
+            (r.cached_tokens, r.reasoning_tokens),
+            (Some(3072), Some(64))
+        );
+        assert_eq!(r.source, None);
+
+        let mut r = EngineReport::default();
+        Responses::default().event(
+            b"",
+            br#"{"type":"response.completed","response":{"id":"resp_2","object":"response","status":"completed","output":[],"usage":{"input_tokens":20,"output_tokens":8,"total_tokens":28,"input_tokens_details":{"cached_tokens":16}}},"timings":{"cache_n":16,"prompt_n":4,"prompt_ms":9.5,"predicted_n":8,"predicted_ms":120.0}}"#,
+            &mut r,
+        );
+        assert_eq!((r.cached_tokens, r.prompt_processed), (Some(16), Some(4)));
+        assert_eq!(r.decode, Some(std::time::Duration::from_millis(120)));
+        assert_eq!(r.source, Some(crate::parse::report::Engine::LlamaCpp));
+
+        let mut r = EngineReport::default();
+        super::body(
+            br#"{"id":"resp_3","object":"response","status":"completed","output":[],"usage":{"input_tokens":5,"output_tokens":9,"input_tokens_details":{"cached_tokens":0},"output_tokens_details":{"reasoning_tokens":0}}}"#,
+            &mut r,
+        );
+        assert_eq!((r.cached_tokens, r.reasoning_tokens), (Some(0), Some(0)));
     }
 
     #[test]

@@ -17,11 +17,17 @@
 //! `{"error": {...}}` is an error too. SGLang's `--incremental-streaming-output` mode (each
 //! `text` holds only the new piece) is not the default and is not read here: its events would
 //! count as output only when their piece is longer than the previous one; usage is still right.
+//!
+//! `meta_info` also says what explains the figures: `cached_tokens` (prompt tokens served from
+//! the radix cache) and, in newer servers, `reasoning_tokens`, on every event; the final event
+//! adds `e2e_latency` (seconds, from the request's arrival to its end) and, when the server runs
+//! with `--enable-metrics`, `inference_time` (seconds, from its first forward pass to its end).
+//! SGLang reports no queue time in the body (`tokenizer_manager.py`, `req_time_stats.py`).
 
 use serde::{Deserialize, Deserializer};
 
-use super::{finish_reason, is_done, Alarm, Batch, Count, FinishReason, Fold, Index, Name};
-use super::{TextLen, Tracks, Verdict};
+use super::{finish_reason, is_done, update, Alarm, Batch, Count, Engine, EngineReport};
+use super::{FinishReason, Fold, Index, Name, Seconds, TextLen, Tracks, Verdict};
 
 #[derive(Deserialize)]
 struct Event {
@@ -43,6 +49,26 @@ struct MetaInfo {
     prompt_tokens: Count,
     #[serde(default, deserialize_with = "finish")]
     finish_reason: Option<FinishReason>,
+    #[serde(default)]
+    cached_tokens: Count,
+    #[serde(default)]
+    reasoning_tokens: Count,
+    #[serde(default)]
+    e2e_latency: Seconds,
+    #[serde(default)]
+    inference_time: Seconds,
+}
+
+impl MetaInfo {
+    fn report(&self, report: &mut EngineReport) {
+        update(&mut report.cached_tokens, self.cached_tokens.0);
+        update(&mut report.reasoning_tokens, self.reasoning_tokens.0);
+        if self.e2e_latency.0.is_some() || self.inference_time.0.is_some() {
+            update(&mut report.total, self.e2e_latency.0);
+            update(&mut report.inference, self.inference_time.0);
+            report.source = Some(Engine::SgLang);
+        }
+    }
 }
 
 /// `finish_reason`: null, or an object whose `type` is the reason. `abort` is an error.
@@ -66,7 +92,12 @@ pub(in crate::parse) struct SgLang {
 }
 
 impl SgLang {
-    pub(super) fn event(&mut self, event_type: &[u8], data: &[u8]) -> Verdict {
+    pub(super) fn event(
+        &mut self,
+        event_type: &[u8],
+        data: &[u8],
+        report: &mut EngineReport,
+    ) -> Verdict {
         let base = Verdict {
             error: event_type == b"error",
             ..Verdict::default()
@@ -79,6 +110,9 @@ impl SgLang {
         };
         let index = e.index.0;
         let meta = e.meta_info.as_ref();
+        if let Some(m) = meta {
+            m.report(report);
+        }
         let count = meta.and_then(|m| m.completion_tokens.0);
         let output = match (e.text.0, count) {
             (Some(len), _) => self.tracks.text_grew(index, len),
@@ -100,8 +134,9 @@ impl SgLang {
     }
 }
 
-/// A whole `/generate` answer: one result, or an array of them for a batch.
-pub(super) fn body(body: &[u8]) -> Verdict {
+/// A whole `/generate` answer: one result, or an array of them for a batch. A batch's cached
+/// and reasoning tokens add up; its times are those of the slowest result.
+pub(super) fn body(body: &[u8], report: &mut EngineReport) -> Verdict {
     #[derive(Default)]
     struct All(Batch);
     impl From<All> for Batch {
@@ -115,6 +150,9 @@ pub(super) fn body(body: &[u8]) -> Verdict {
             self.0.output |= e.text.0.is_some_and(|len| len > 0);
             self.0.error |= e.error.0;
             if let Some(m) = e.meta_info {
+                let mut one = EngineReport::default();
+                m.report(&mut one);
+                fold_report(&mut self.0.report, &one);
                 if let Some(reason) = m.finish_reason {
                     self.0.error |= reason == FinishReason::Error;
                     self.0.finish = Some(reason);
@@ -123,12 +161,34 @@ pub(super) fn body(body: &[u8]) -> Verdict {
             }
         }
     }
-    Batch::read::<All>(body)
+    Batch::read::<All>(body, report)
+}
+
+/// Adds one result's report to a batch's.
+fn fold_report(all: &mut EngineReport, one: &EngineReport) {
+    let add = |sum: Option<u64>, n: Option<u64>| match (sum, n) {
+        (Some(sum), Some(n)) => Some(sum.saturating_add(n)),
+        (sum, n) => sum.or(n),
+    };
+    all.cached_tokens = add(all.cached_tokens, one.cached_tokens);
+    all.reasoning_tokens = add(all.reasoning_tokens, one.reasoning_tokens);
+    all.total = all.total.max(one.total);
+    all.inference = all.inference.max(one.inference);
+    all.source = all.source.or(one.source);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One event read by a fresh stream.
+    fn one(data: &str) -> Verdict {
+        SgLang::default().event(b"", data.as_bytes(), &mut EngineReport::default())
+    }
+
+    fn body(json: &[u8]) -> Verdict {
+        super::body(json, &mut EngineReport::default())
+    }
 
     fn chunk(text: &str, tokens: u64, finish: &str) -> String {
         format!(
@@ -139,7 +199,8 @@ mod tests {
     #[test]
     fn cumulative_text_and_counts() {
         let mut s = SgLang::default();
-        let mut ev = |data: String| s.event(b"", data.as_bytes());
+        let mut report = EngineReport::default();
+        let mut ev = |data: String| s.event(b"", data.as_bytes(), &mut report);
         let v = ev(chunk(" Paris", 1, "null"));
         assert!(v.output && v.content && !v.end);
         assert_eq!((v.tokens, v.usage_output_tokens), (None, Some(1)));
@@ -168,21 +229,14 @@ mod tests {
 
     #[test]
     fn length_and_abort() {
-        let v = SgLang::default().event(
-            b"",
-            chunk("abc", 3, r#"{"type":"length","length":3}"#).as_bytes(),
-        );
+        let v = one(&chunk("abc", 3, r#"{"type":"length","length":3}"#));
         assert!(v.output && v.end);
         assert_eq!(v.finish, Some(FinishReason::Length));
-        let v = SgLang::default().event(
-            b"",
-            chunk(
-                "",
-                0,
-                r#"{"type":"abort","message":"The input is longer than the context length","status_code":400}"#,
-            )
-            .as_bytes(),
-        );
+        let v = one(&chunk(
+            "",
+            0,
+            r#"{"type":"abort","message":"The input is longer than the context length","status_code":400}"#,
+        ));
         assert!(v.error && v.end && !v.output);
         assert_eq!(v.finish, Some(FinishReason::Error));
     }
@@ -190,11 +244,13 @@ mod tests {
     #[test]
     fn interleaved_sequences_have_their_own_counts() {
         let mut s = SgLang::default();
+        let mut report = EngineReport::default();
         let mut ev = |i: u64, text: &str, n: u64| {
             s.event(
                 b"",
                 format!(r#"{{"text":"{text}","index":{i},"meta_info":{{"completion_tokens":{n},"finish_reason":null}}}}"#)
                     .as_bytes(),
+                &mut report,
             )
         };
         assert!(ev(0, "a", 1).output);
@@ -205,9 +261,45 @@ mod tests {
         assert_eq!(v.usage_output_tokens, Some(5), "the sum over sequences");
     }
 
+    /// `meta_info`: cached and reasoning tokens on every event, the end-to-end latency and
+    /// (with `--enable-metrics`) the inference time in seconds on the last.
+    #[test]
+    fn meta_info_reports_cache_and_timing() {
+        let mut s = SgLang::default();
+        let mut r = EngineReport::default();
+        s.event(
+            b"",
+            br#"{"text":" Paris","output_ids":[12366],"meta_info":{"id":"a","finish_reason":null,"prompt_tokens":7,"reasoning_tokens":0,"completion_tokens":1,"cached_tokens":5}}"#,
+            &mut r,
+        );
+        assert_eq!((r.cached_tokens, r.reasoning_tokens), (Some(5), Some(0)));
+        assert_eq!(r.source, None, "no timing yet");
+        s.event(
+            b"",
+            br#"{"text":" Paris.","output_ids":[13],"meta_info":{"id":"a","finish_reason":{"type":"stop","matched":128009},"prompt_tokens":7,"reasoning_tokens":0,"completion_tokens":2,"cached_tokens":5,"e2e_latency":0.0936,"request_received_ts":1760000000.5,"inference_time":0.061,"decode_throughput":42.1}}"#,
+            &mut r,
+        );
+        assert_eq!(r.total, Some(std::time::Duration::from_micros(93_600)));
+        assert_eq!(r.inference, Some(std::time::Duration::from_millis(61)));
+        assert_eq!(r.source, Some(crate::parse::report::Engine::SgLang));
+        assert_eq!((r.queue, r.prefill, r.decode), (None, None, None));
+    }
+
+    #[test]
+    fn a_batch_adds_its_caches_and_keeps_its_slowest_time() {
+        let mut r = EngineReport::default();
+        super::body(
+            br#"[{"text":"a","meta_info":{"finish_reason":{"type":"stop"},"completion_tokens":3,"cached_tokens":4,"e2e_latency":0.5}},{"text":"b","meta_info":{"finish_reason":{"type":"stop"},"completion_tokens":4,"cached_tokens":6,"e2e_latency":0.75}}]"#,
+            &mut r,
+        );
+        assert_eq!(r.cached_tokens, Some(10));
+        assert_eq!(r.total, Some(std::time::Duration::from_millis(750)));
+        assert_eq!(r.source, Some(crate::parse::report::Engine::SgLang));
+    }
+
     #[test]
     fn errors() {
-        let v = SgLang::default().event(b"", br#"{"error":{"message":"boom"}}"#);
+        let v = one(r#"{"error":{"message":"boom"}}"#);
         assert!(v.error);
     }
 

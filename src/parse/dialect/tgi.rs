@@ -9,10 +9,14 @@
 //! `{"error": ..., "error_type": ...}` is an error. With one token per event, events carry no
 //! separate token counts. TGI's OpenAI-compatible Messages API (`/v1/chat/completions`) is
 //! plain OpenAI chat.
+//!
+//! Neither the stream nor the body says anything of caches or timing: TGI reports its queue and
+//! inference times in the response headers of a non-streaming answer, which
+//! [`engine_headers`](fn@crate::parse::engine_headers) reads.
 
 use serde::Deserialize;
 
-use super::{Alarm, Batch, Count, Finish, Flag, Fold, Shape, Verdict};
+use super::{Alarm, Batch, Count, EngineReport, Finish, Flag, Fold, Shape, Verdict};
 
 #[derive(Deserialize)]
 struct Event {
@@ -96,7 +100,8 @@ pub(super) fn body(body: &[u8]) -> Verdict {
             }
         }
     }
-    Batch::read::<All>(body)
+    // The body says nothing beyond its output: TGI's timing is in the response headers.
+    Batch::read::<All>(body, &mut EngineReport::default())
 }
 
 #[cfg(test)]
