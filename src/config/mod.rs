@@ -72,6 +72,66 @@ pub struct Config {
     pub reload: Reload,
     /// What one replica (the pod: model server and sidecar) costs; absent means no cost rules.
     pub cost: Option<Cost>,
+    /// The engine's own Prometheus metrics, sampled for its state at each request's arrival;
+    /// absent means none is read.
+    pub engine_metrics: Option<EngineMetrics>,
+}
+
+/// Where and how often the engine's own metrics are read: one bounded scrape per interval, never
+/// one per request.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineMetrics {
+    /// `http://host:port/path`, like `http://127.0.0.1:8000/metrics`.
+    pub url: MetricsUrl,
+    #[serde(
+        deserialize_with = "duration",
+        default = "EngineMetrics::default_interval"
+    )]
+    pub interval: Duration,
+}
+
+impl EngineMetrics {
+    fn default_interval() -> Duration {
+        Duration::from_secs(1)
+    }
+}
+
+/// An `http://` URL with a path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricsUrl {
+    pub authority: http::uri::Authority,
+    pub path: http::uri::PathAndQuery,
+}
+
+impl fmt::Display for MetricsUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "http://{}{}", self.authority, self.path)
+    }
+}
+
+impl<'de> Deserialize<'de> for MetricsUrl {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = Text.deserialize(d)?;
+        let uri: http::Uri = text
+            .parse()
+            .map_err(|e| de::Error::custom(format!("invalid URL `{}`: {e}", excerpt(&text))))?;
+        if uri.scheme() != Some(&http::uri::Scheme::HTTP) {
+            return Err(de::Error::custom(format!(
+                "`{}`: only http:// is supported, like http://127.0.0.1:8000/metrics",
+                excerpt(&text)
+            )));
+        }
+        let authority = uri
+            .authority()
+            .cloned()
+            .ok_or_else(|| de::Error::custom(format!("`{}` needs a host", excerpt(&text))))?;
+        let path = uri
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/metrics"));
+        Ok(MetricsUrl { authority, path })
+    }
 }
 
 /// The price of one replica, from which `tokenmeter rules` derives cost per request and per
@@ -166,6 +226,7 @@ impl Default for Config {
             limits: Limits::default(),
             reload: Reload::default(),
             cost: None,
+            engine_metrics: None,
         }
     }
 }
@@ -633,6 +694,15 @@ impl Config {
                 "limits.retry_body_bytes: {} would hold too much per request; keep it at most 16777216",
                 self.limits.retry_body_bytes
             ));
+        }
+        if let Some(engine) = &self.engine_metrics {
+            if !(Duration::from_millis(100)..=Duration::from_secs(3600)).contains(&engine.interval)
+            {
+                return Err(format!(
+                    "engine_metrics.interval: {} is outside 100ms..1h",
+                    humantime::format_duration(engine.interval)
+                ));
+            }
         }
         if self.limits.max_concurrent_streams == 0 {
             return Err(

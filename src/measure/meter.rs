@@ -4,6 +4,7 @@
 use std::sync::atomic::AtomicI64;
 use std::sync::Arc;
 
+use super::engine_state::EngineCell;
 use crate::config::Config;
 use crate::policy::route::Router;
 use crate::publish::live::LiveStats;
@@ -23,6 +24,9 @@ pub struct Meter {
     /// Requests in flight in the whole process, whatever their route: one per process, carried
     /// across reloads.
     pub(crate) in_flight_total: Arc<AtomicI64>,
+    /// The engine's state from its own metrics, stamped on each request at arrival; one per
+    /// process, carried across reloads.
+    pub(crate) engine: Arc<EngineCell>,
 }
 
 impl Meter {
@@ -38,6 +42,7 @@ impl Meter {
             live: Default::default(),
             max_event_bytes,
             in_flight_total: Default::default(),
+            engine: Default::default(),
         }
     }
 }

@@ -4,6 +4,7 @@
 //! [`model_slot`] carries the request's `model` from the body scanner to the recorder; the
 //! [`meter`] is what a configuration generation measures with.
 
+mod engine_state;
 mod meter;
 mod model_slot;
 mod recorder;

@@ -20,9 +20,10 @@ use http::{HeaderMap, Method, StatusCode};
 use prometheus::local::LocalHistogram;
 use tokio::time::Instant;
 
+use super::engine_state::AtArrival;
 use super::meter::Meter;
 use super::model_slot::ModelSlot;
-use crate::parse::{self, Dialect, FrameEvents, Framing, StreamReader};
+use crate::parse::{self, Dialect, EngineReport, FrameEvents, Framing, StreamReader};
 use crate::policy::outcome::{End, Figures, Outcome};
 use crate::policy::route::{Candidates, RouteInfo};
 use crate::policy::slo::{self, Verdict};
@@ -83,6 +84,10 @@ struct Active {
     in_flight_total_at_start: i64,
     read: Read,
     upstream: Option<Upstreamed>,
+    /// The engine's state when the request arrived, from its own metrics.
+    engine_at_arrival: AtArrival,
+    /// What the response head said of the engine's timing (TGI's `x-*-time` headers).
+    head_report: EngineReport,
 }
 
 /// How the response body was read.
@@ -144,6 +149,7 @@ impl Recorder {
         let model = ModelSlot::default();
         let in_flight_total_at_start = meter.in_flight_total.fetch_add(1, Ordering::Relaxed) + 1;
         let total = TotalGuard(meter.in_flight_total.clone());
+        let engine_at_arrival = meter.engine.at(t_start);
         let mut active = Active {
             meter,
             candidates,
@@ -173,6 +179,8 @@ impl Recorder {
             in_flight_total_at_start,
             read: Read::None,
             upstream: None,
+            engine_at_arrival,
+            head_report: EngineReport::default(),
         };
         if let Some(route) = active.meter.router.decided(&active.candidates) {
             active.take_route(route);
@@ -284,6 +292,11 @@ impl Active {
                 .get(name)
                 .and_then(|v: &http::HeaderValue| v.to_str().ok())
         };
+        self.head_report = parse::engine_headers(
+            headers
+                .iter()
+                .map(|(name, value)| (name.as_str(), value.as_bytes())),
+        );
         let encoding = header(http::header::CONTENT_ENCODING);
         let (framing, dialect) = parse::detect(
             &self.path,
@@ -538,6 +551,31 @@ impl Active {
         verdict: Option<&Verdict>,
     ) -> Record {
         let ms = |d: Duration| (d.as_secs_f64() * 1e6).round() / 1e3;
+        let proxy_share = self
+            .upstream
+            .and_then(|u| u.handed)
+            .map(|h| h.saturating_duration_since(self.t_start));
+        let proxy_ms = proxy_share.map(ms);
+        // The stream's own report first, then what the response head said.
+        let engine = self
+            .reader
+            .as_ref()
+            .map_or_else(EngineReport::default, |r| r.summary().engine)
+            .or(self.head_report);
+        // Queue time: the engine's own when it reports one; else TTFT less the engine's prefill
+        // (and model load, when it says), and the proxy's share, when all are known. Never
+        // guessed otherwise.
+        let (queue_ms, queue_source) = match (engine.queue, f.ttft, engine.prefill, proxy_share) {
+            (Some(queue), ..) => (Some(ms(queue)), Some("engine")),
+            (None, Some(ttft), Some(prefill), Some(share)) => (
+                Some(ms(ttft
+                    .saturating_sub(prefill)
+                    .saturating_sub(engine.load.unwrap_or_default())
+                    .saturating_sub(share))),
+                Some("derived"),
+            ),
+            _ => (None, None),
+        };
         Record {
             ts: Timestamp(self.wall_start),
             // Moved out: the request is published once and dropped right after.
@@ -584,10 +622,23 @@ impl Active {
                 .upstream
                 .map(|u| if u.reused { "reused" } else { "new" }),
             connect_ms: self.upstream.and_then(|u| u.connect).map(ms),
-            proxy_ms: self
-                .upstream
-                .and_then(|u| u.handed)
-                .map(|h| ms(h.saturating_duration_since(self.t_start))),
+            proxy_ms,
+            cached_tokens: engine.cached_tokens,
+            cache_creation_tokens: engine.cache_creation_tokens,
+            reasoning_tokens: engine.reasoning_tokens,
+            engine_queue_ms: engine.queue.map(ms),
+            engine_prefill_ms: engine.prefill.map(ms),
+            engine_decode_ms: engine.decode.map(ms),
+            engine_inference_ms: engine.inference.map(ms),
+            engine_load_ms: engine.load.map(ms),
+            engine_total_ms: engine.total.map(ms),
+            engine_prompt_n: engine.prompt_processed,
+            engine_source: engine.source.map(|e| e.as_str()),
+            queue_ms,
+            queue_source,
+            engine_running: self.engine_at_arrival.running,
+            engine_waiting: self.engine_at_arrival.waiting,
+            engine_kv_usage: self.engine_at_arrival.kv_usage,
         }
     }
 }

@@ -15,10 +15,8 @@ mod detect;
 mod dialect;
 // Nothing reads TGI's headers or an engine's `/metrics` yet: the recorder and the engine-metrics
 // sampler will (issue 13). Remove these two `allow`s and the one below when they do.
-#[allow(dead_code)]
 mod engine_headers;
 mod event;
-#[allow(dead_code)]
 mod exposition;
 mod json_body;
 mod ndjson;
@@ -34,9 +32,8 @@ pub use detect::detect;
 pub use event::{Dialect, FinishReason, FrameEvents, Framing, StreamSummary, MAX_EVENT_TYPE_BYTES};
 pub use reader::StreamReader;
 pub use request_model::{ModelScanner, Scan};
-#[allow(unused_imports)]
 pub use {
     engine_headers::engine_headers,
-    exposition::{engine_state, EngineState, ExpositionError, MAX_EXPOSITION_BYTES},
-    report::{Engine, EngineReport},
+    exposition::{engine_state, EngineState, MAX_EXPOSITION_BYTES},
+    report::EngineReport,
 };

@@ -11,6 +11,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use super::event::EventSink;
+use super::report::Engine;
 use super::*;
 
 /// The captured streams and their expected readings, shared with the rest of the project.

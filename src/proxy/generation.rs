@@ -15,7 +15,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 
 use super::forward::{Forwarder, RetryCounters};
-use crate::config::{Config, ConfigError, Timeouts, Upstream};
+use crate::config::{Config, ConfigError, EngineMetrics, Timeouts, Upstream};
 use crate::measure::Meter;
 use crate::policy::route::Router;
 use crate::publish::metrics::Metrics;
@@ -53,6 +53,8 @@ pub(crate) struct Generation {
     /// The upstream client; a reload that keeps the upstream keeps its connection pool.
     pub(crate) forwarder: Arc<Forwarder>,
     pub(crate) timeouts: Timeouts,
+    /// Where the engine's own metrics are sampled, if anywhere.
+    pub(crate) engine_metrics: Option<EngineMetrics>,
 }
 
 /// What a reload did.
@@ -280,10 +282,12 @@ fn build(
         max_event_bytes: config.stream.max_event_bytes,
         in_flight_total: previous
             .map_or_else(Default::default, |p| p.meter.in_flight_total.clone()),
+        engine: previous.map_or_else(Default::default, |p| p.meter.engine.clone()),
     };
     Ok(Generation {
         meter: Arc::new(meter),
         forwarder,
         timeouts: config.timeouts,
+        engine_metrics: config.engine_metrics.clone(),
     })
 }

@@ -7,6 +7,7 @@
 
 pub(crate) mod admin;
 pub(crate) mod connection;
+pub(crate) mod engine_metrics;
 pub(crate) mod error;
 pub(crate) mod forward;
 pub(crate) mod generation;

@@ -16,6 +16,7 @@ use tokio::task::JoinHandle;
 
 use super::admin;
 use super::connection;
+use super::engine_metrics;
 use super::generation::{Generations, Overrides, Reloaded};
 use super::listener::{self, Health};
 use super::service::Proxy;
@@ -31,6 +32,7 @@ pub struct Running {
     task: JoinHandle<()>,
     admin_task: JoinHandle<()>,
     watch_task: JoinHandle<()>,
+    sampler_task: JoinHandle<()>,
 }
 
 impl Running {
@@ -45,6 +47,7 @@ impl Running {
         let _ = self.task.await;
         self.admin_task.abort();
         self.watch_task.abort();
+        self.sampler_task.abort();
         // The responses that just ended queued their records: they reach the file before exit.
         if let Some(log) = &self.generations.current().meter.access_log {
             log.close();
@@ -122,6 +125,7 @@ pub async fn start(
         config_timeouts.client_idle,
     ));
     let watch_task = tokio::spawn(generations.clone().watch(watch_interval));
+    let sampler_task = tokio::spawn(engine_metrics::sample(generations.clone()));
     let task = tokio::spawn(accept_loop(
         listener,
         proxy,
@@ -138,6 +142,7 @@ pub async fn start(
         task,
         admin_task,
         watch_task,
+        sampler_task,
     })
 }
 

@@ -83,6 +83,8 @@ pub(crate) struct Metrics {
     pub(crate) access_log_dropped: IntCounter,
     /// Requests sent upstream again, by why.
     upstream_retries: IntCounterVec,
+    /// Scrapes of the engine's own metrics, by result.
+    engine_scrapes: IntCounterVec,
     models: RwLock<Arc<ModelLabels>>,
     /// Every (route, model label)'s handles, resolved once: a request takes a read lock and a
     /// hash lookup, not a dozen label lookups. Bounded by routes × labels; emptied when a
@@ -415,6 +417,11 @@ impl Metrics {
                 "Requests sent upstream a second time because a reused connection closed before answering (reason: not_sent, closed).",
                 &["reason"],
             ),
+            engine_scrapes: counter(
+                "tokenmeter_engine_metrics_scrapes_total",
+                "Scrapes of the engine's own metrics (engine_metrics), by result (ok, connect, timeout, status, too_large, unknown_format).",
+                &["result"],
+            ),
             models: RwLock::new(Arc::new(ModelLabels::new(config))),
             handles: RwLock::new(HashMap::new()),
         };
@@ -448,6 +455,7 @@ impl Metrics {
         register(r, m.config_last_success.clone());
         register(r, m.access_log_dropped.clone());
         register(r, m.upstream_retries.clone());
+        register(r, m.engine_scrapes.clone());
         register(r, build_info);
         for reason in UPSTREAM_RETRY_REASONS {
             m.upstream_retries.with_label_values(&[reason]);
@@ -595,6 +603,11 @@ impl Metrics {
         ] {
             remove(c, models);
         }
+    }
+
+    /// Counts a scrape of the engine's metrics by its result.
+    pub(crate) fn count_engine_scrape(&self, result: &str) {
+        self.engine_scrapes.with_label_values(&[result]).inc();
     }
 
     /// The retry counter for `reason` (one of [`UPSTREAM_RETRY_REASONS`]).

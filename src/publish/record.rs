@@ -24,7 +24,7 @@ use crate::config::{AccessLog, LogFormat, LogPath};
 const QUEUE_DEPTH: usize = 8192;
 
 /// The columns, in order; also the CSV header.
-pub(crate) const COLUMNS: [&str; 30] = [
+pub(crate) const COLUMNS: [&str; 46] = [
     "ts",
     "request_id",
     "route",
@@ -55,6 +55,22 @@ pub(crate) const COLUMNS: [&str; 30] = [
     "upstream_conn",
     "connect_ms",
     "proxy_ms",
+    "cached_tokens",
+    "cache_creation_tokens",
+    "reasoning_tokens",
+    "engine_queue_ms",
+    "engine_prefill_ms",
+    "engine_decode_ms",
+    "engine_inference_ms",
+    "engine_load_ms",
+    "engine_total_ms",
+    "engine_prompt_n",
+    "engine_source",
+    "queue_ms",
+    "queue_source",
+    "engine_running",
+    "engine_waiting",
+    "engine_kv_usage",
 ];
 
 /// One finished request, as `docs/MEASUREMENT.md` lists it. Missing values are `None`.
@@ -101,6 +117,26 @@ pub(crate) struct Record {
     pub(crate) connect_ms: Option<f64>,
     /// The proxy's own share: request head read to request handed to the upstream connection.
     pub(crate) proxy_ms: Option<f64>,
+    /// What explains the figures, as the engine reported it (`docs/MEASUREMENT.md`).
+    pub(crate) cached_tokens: Option<u64>,
+    pub(crate) cache_creation_tokens: Option<u64>,
+    pub(crate) reasoning_tokens: Option<u64>,
+    pub(crate) engine_queue_ms: Option<f64>,
+    pub(crate) engine_prefill_ms: Option<f64>,
+    pub(crate) engine_decode_ms: Option<f64>,
+    pub(crate) engine_inference_ms: Option<f64>,
+    pub(crate) engine_load_ms: Option<f64>,
+    pub(crate) engine_total_ms: Option<f64>,
+    pub(crate) engine_prompt_n: Option<u64>,
+    pub(crate) engine_source: Option<&'static str>,
+    /// Queue time: the engine's own (`engine`), or TTFT − engine prefill − proxy share
+    /// (`derived`).
+    pub(crate) queue_ms: Option<f64>,
+    pub(crate) queue_source: Option<&'static str>,
+    /// The engine's state at arrival, from its own metrics.
+    pub(crate) engine_running: Option<f64>,
+    pub(crate) engine_waiting: Option<f64>,
+    pub(crate) engine_kv_usage: Option<f64>,
 }
 
 /// A wall-clock time, written as RFC 3339 in UTC with milliseconds.
@@ -124,7 +160,7 @@ fn method_name<S: serde::Serializer>(method: &http::Method, s: S) -> Result<S::O
 }
 
 impl Record {
-    fn csv_fields(&self) -> [String; 30] {
+    fn csv_fields(&self) -> [String; 46] {
         fn opt<T: ToString>(v: &Option<T>) -> String {
             v.as_ref().map(ToString::to_string).unwrap_or_default()
         }
@@ -159,6 +195,22 @@ impl Record {
             opt(&self.upstream_conn),
             opt(&self.connect_ms),
             opt(&self.proxy_ms),
+            opt(&self.cached_tokens),
+            opt(&self.cache_creation_tokens),
+            opt(&self.reasoning_tokens),
+            opt(&self.engine_queue_ms),
+            opt(&self.engine_prefill_ms),
+            opt(&self.engine_decode_ms),
+            opt(&self.engine_inference_ms),
+            opt(&self.engine_load_ms),
+            opt(&self.engine_total_ms),
+            opt(&self.engine_prompt_n),
+            opt(&self.engine_source),
+            opt(&self.queue_ms),
+            opt(&self.queue_source),
+            opt(&self.engine_running),
+            opt(&self.engine_waiting),
+            opt(&self.engine_kv_usage),
         ]
     }
 }
@@ -553,6 +605,22 @@ mod tests {
             upstream_conn: Some("reused"),
             connect_ms: None,
             proxy_ms: Some(0.125),
+            cached_tokens: None,
+            cache_creation_tokens: None,
+            reasoning_tokens: None,
+            engine_queue_ms: None,
+            engine_prefill_ms: None,
+            engine_decode_ms: None,
+            engine_inference_ms: None,
+            engine_load_ms: None,
+            engine_total_ms: None,
+            engine_prompt_n: None,
+            engine_source: None,
+            queue_ms: None,
+            queue_source: None,
+            engine_running: None,
+            engine_waiting: None,
+            engine_kv_usage: None,
         }
     }
 
