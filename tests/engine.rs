@@ -450,9 +450,131 @@ fn a_thousand_back_to_back_streams_all_succeed() {
     assert_eq!(failed, 0, "{failed} of {N} back-to-back requests failed");
     let records = proxy.records(N);
     let not_ok: Vec<&Value> = records.iter().filter(|r| r["outcome"] != "ok").collect();
-    assert!(not_ok.is_empty(), "{} records not ok: {:?}", not_ok.len(), not_ok.first());
+    assert!(
+        not_ok.is_empty(),
+        "{} records not ok: {:?}",
+        not_ok.len(),
+        not_ok.first()
+    );
     let m = proxy.metrics();
     let retries = metric(&m, "tokenmeter_upstream_retries_total", &[]).unwrap_or(0.0);
-    let reused = records.iter().filter(|r| r["upstream_conn"] == "reused").count();
+    let reused = records
+        .iter()
+        .filter(|r| r["upstream_conn"] == "reused")
+        .count();
     eprintln!("{N} streams: {retries} retries, {reused} on a reused connection");
+}
+
+/// What explains a request, against the real engine: the record carries llama.cpp's own
+/// `timings` (prefill, decode, prompt tokens processed, cached), a queue derived from them, and
+/// the engine's state at arrival from its real `/metrics`.
+#[test]
+fn records_carry_the_engines_own_timings_and_state() {
+    let engine = Engine::start();
+    let proxy = Proxy::start_with(
+        &engine.addr,
+        &format!(
+            "engine_metrics: {{url: http://{}/metrics, interval: 100ms}}\n",
+            engine.addr
+        ),
+    );
+    poll(
+        "a successful scrape of llama.cpp's /metrics",
+        std::time::Duration::from_secs(10),
+        || {
+            metric(
+                &proxy.metrics(),
+                "tokenmeter_engine_metrics_scrapes_total",
+                &[("result", "ok")],
+            )
+            .is_some()
+        },
+    );
+    let x = post(&proxy.listen, "/v1/chat/completions", &chat_body(true, true));
+    assert_eq!(x.status, 200);
+    let r = &proxy.records(1)[0];
+    let timings = x
+        .events
+        .iter()
+        .filter_map(|e| e.json())
+        .find_map(|j| j.get("timings").cloned())
+        .expect("llama.cpp sends timings");
+    assert_eq!(r["engine_source"], "llamacpp", "{r}");
+    let close = |field: &str, want: f64| {
+        let got = num(r, field);
+        assert!((got - want).abs() < 0.01, "{field}: {got} vs engine {want}: {r}");
+    };
+    close("engine_prefill_ms", timings["prompt_ms"].as_f64().unwrap());
+    close("engine_decode_ms", timings["predicted_ms"].as_f64().unwrap());
+    assert_eq!(r["engine_prompt_n"], timings["prompt_n"], "{r}");
+    assert_eq!(r["cached_tokens"], timings["cache_n"], "{r}");
+    assert_eq!(r["queue_source"], "derived", "{r}");
+    assert!(num(r, "queue_ms") >= 0.0, "{r}");
+    // Stamped from the engine's own gauges; it was idle when the request arrived.
+    assert_eq!(r["engine_running"], 0.0, "{r}");
+    assert_eq!(r["engine_waiting"], 0.0, "{r}");
+}
+
+/// `tokenmeter report` over production-like traffic that crosses the engine's slot count
+/// (`--parallel 2`): it names the bend at 2 in flight, and the queue as the cause of the
+/// slowest requests.
+#[test]
+fn the_report_names_the_slot_count_and_the_queue() {
+    let engine = Engine::start();
+    let proxy = Proxy::start_with(
+        &engine.addr,
+        &format!(
+            "engine_metrics: {{url: http://{}/metrics, interval: 100ms}}\n",
+            engine.addr
+        ),
+    );
+    let bench = std::process::Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
+        .args([
+            "bench",
+            "--url",
+            &format!("http://{}", proxy.listen),
+            "--model",
+            "tiny",
+            "--concurrency",
+            "1,2,3,4,6",
+            "--requests",
+            "16",
+            "--max-tokens",
+            "48",
+        ])
+        .output()
+        .expect("tokenmeter bench runs");
+    assert!(
+        bench.status.success(),
+        "{}",
+        String::from_utf8_lossy(&bench.stderr)
+    );
+    let records = proxy.records(80);
+    assert!(
+        records.iter().any(|r| r["engine_waiting"].as_f64() > Some(0.0)),
+        "no request arrived while the engine had waiting requests"
+    );
+    let report = std::process::Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
+        .args(["report", "--format", "json", "--slowest", "5"])
+        .arg(&proxy.records)
+        .output()
+        .expect("tokenmeter report runs");
+    assert!(report.status.success(), "{}", String::from_utf8_lossy(&report.stderr));
+    let report: Value = serde_json::from_slice(&report.stdout).expect("JSON");
+    let group = &report["groups"][0];
+    assert_eq!(
+        group["bend"]["knee"]["concurrency"], "2",
+        "the bend: {}",
+        group["bend"]
+    );
+    let slowest = report["slowest"].as_array().unwrap();
+    let queued = slowest
+        .iter()
+        .filter(|s| s["causes"][0]["cause"] == "queued")
+        .count();
+    assert!(
+        queued * 2 > slowest.len(),
+        "the slowest requests' first causes: {:?}",
+        slowest.iter().map(|s| &s["causes"][0]).collect::<Vec<_>>()
+    );
 }

@@ -204,6 +204,11 @@ impl Proxy {
     /// Starts the `tokenmeter` binary with a config file: both ports 0, the bound addresses read
     /// from its startup line (`tokenmeter is serving listen=... admin=... upstream=...`).
     pub fn start(upstream: &str) -> Proxy {
+        Proxy::start_with(upstream, "")
+    }
+
+    /// Like [`Proxy::start`], with more YAML appended to the config file.
+    pub fn start_with(upstream: &str, extra: &str) -> Proxy {
         use std::sync::atomic::{AtomicUsize, Ordering};
         static N: AtomicUsize = AtomicUsize::new(0);
         let dir = std::env::temp_dir().join(format!(
@@ -218,7 +223,7 @@ impl Proxy {
             &config,
             format!(
                 "listen: 127.0.0.1:0\nadmin: 127.0.0.1:0\nupstream: http://{upstream}\n\
-                 access_log: {{path: {}, format: jsonl}}\n",
+                 access_log: {{path: {}, format: jsonl}}\n{extra}",
                 records.display()
             ),
         )
