@@ -536,11 +536,11 @@ fn the_report_names_the_slot_count_and_the_queue() {
             "--model",
             "tiny",
             "--concurrency",
-            "1,2,3,4,6",
+            "1,2,4,8",
             "--requests",
-            "16",
+            "24",
             "--max-tokens",
-            "48",
+            "64",
         ])
         .output()
         .expect("tokenmeter bench runs");
@@ -549,7 +549,7 @@ fn the_report_names_the_slot_count_and_the_queue() {
         "{}",
         String::from_utf8_lossy(&bench.stderr)
     );
-    let records = proxy.records(80);
+    let records = proxy.records(96);
     assert!(
         records.iter().any(|r| r["engine_waiting"].as_f64() > Some(0.0)),
         "no request arrived while the engine had waiting requests"
