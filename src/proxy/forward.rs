@@ -14,6 +14,7 @@
 //! is that an engine that did read the request computes it twice, which for inference has no
 //! side effect. A request on a new connection is never retried: its failure is the upstream's.
 
+use std::future::Future;
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
@@ -108,7 +109,7 @@ impl Forwarder {
         });
         let head = retained.as_ref().map(|_| clone_head(&parts));
         let request = self.upstream_request(parts, Either::Left(body));
-        let received_before = checkout.info.received();
+        let received_before = checkout.conn.info.received();
         trip.reused = checkout.reused;
         trip.connect = checkout.connect;
         trip.handed = Some(Instant::now());
@@ -122,7 +123,7 @@ impl Forwarder {
             }
             Err(Failure::TimedOut) => return Err(self.timed_out()),
             Err(Failure::Hyper(error, unsent)) => {
-                let nothing_received = checkout.info.received() == received_before;
+                let nothing_received = checkout.conn.info.received() == received_before;
                 // The client's own fault is the client's, whatever the connection did.
                 if let Some(fault) = upload.fault() {
                     return Err(Error::ClientBody {
@@ -182,8 +183,7 @@ impl Forwarder {
         checkout: Checkout,
     ) -> Response<PooledBody> {
         strip_hop_by_hop_response(response.headers_mut());
-        response
-            .map(|body| PooledBody::new(body, self.pool.clone(), checkout.sender, checkout.info))
+        response.map(|body| PooledBody::new(body, self.pool.clone(), checkout.conn))
     }
 
     fn timed_out(&self) -> Error {
@@ -201,7 +201,14 @@ impl Forwarder {
         request: Request<UpstreamBody>,
         upload: &Upload,
     ) -> Result<Response<Incoming>, Failure> {
-        let sent = checkout.sender.try_send_request(request);
+        let send = checkout.conn.sender.try_send_request(request);
+        tokio::pin!(send);
+        // The connection is driven here, by the request, while its head is awaited.
+        let conn = &mut checkout.conn;
+        let sent = std::future::poll_fn(|cx| {
+            conn.drive(cx);
+            send.as_mut().poll(cx)
+        });
         let deadline = async {
             upload.complete().await;
             tokio::time::sleep(self.response_head_timeout).await;

@@ -7,7 +7,15 @@
 //! connection that the server closed while it sat idle (llama.cpp closes every kept-alive
 //! connection after a streamed response, without saying so) fails a request that the server
 //! never saw, and only then may the request be sent again (see `forward.rs`).
+//!
+//! A connection is driven by the request that uses it, not by a task of its own: the request's
+//! future polls it while waiting for the head, and the response body polls it before each frame.
+//! A frame then goes from the upstream socket to the client socket within one task, with one
+//! wake-up instead of two (a connection task, then the client's), and a client that stops reading
+//! stops the upstream reads with it. An idle connection is not polled at all until its next
+//! checkout, which notices if the server closed it meanwhile.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -48,10 +56,39 @@ impl ConnInfo {
     }
 }
 
+/// hyper's side of one upstream connection: the future that reads and writes its socket.
+type Connection = hyper::client::conn::http1::Connection<TokioIo<Counted>, UpstreamBody>;
+
+/// One upstream connection: the handle to send on and the connection to drive.
+pub(crate) struct Conn {
+    pub(crate) sender: SendRequest<UpstreamBody>,
+    driver: Pin<Box<Connection>>,
+    /// The connection future has finished: the connection is closed.
+    ended: bool,
+    pub(crate) info: Arc<ConnInfo>,
+}
+
+impl Conn {
+    /// Drives the connection: reads and writes whatever its socket allows now.
+    pub(crate) fn drive(&mut self, cx: &mut Context<'_>) {
+        if !self.ended {
+            if let Poll::Ready(result) = self.driver.as_mut().poll(cx) {
+                if let Err(e) = result {
+                    tracing::debug!(error = %e, "upstream connection ended with an error");
+                }
+                self.ended = true;
+            }
+        }
+    }
+
+    fn is_open(&self) -> bool {
+        !self.ended && !self.sender.is_closed()
+    }
+}
+
 /// A connection taken from the pool (or just made) for one request.
 pub(crate) struct Checkout {
-    pub(crate) sender: SendRequest<UpstreamBody>,
-    pub(crate) info: Arc<ConnInfo>,
+    pub(crate) conn: Conn,
     /// It carried a request before.
     pub(crate) reused: bool,
     /// How long connecting took, for a new connection.
@@ -59,8 +96,7 @@ pub(crate) struct Checkout {
 }
 
 struct Idle {
-    sender: SendRequest<UpstreamBody>,
-    info: Arc<ConnInfo>,
+    conn: Conn,
     since: Instant,
 }
 
@@ -110,26 +146,32 @@ impl Pool {
         let now = Instant::now();
         loop {
             let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
-            let Some(mut idle) = idle else { break };
-            if idle.sender.is_closed() || now.saturating_duration_since(idle.since) > IDLE_TIMEOUT {
+            let Some(Idle { mut conn, since }) = idle else {
+                break;
+            };
+            if now.saturating_duration_since(since) > IDLE_TIMEOUT {
                 continue;
             }
-            // A connection comes back as soon as its response ended, a moment before hyper's
-            // connection task is ready for the next request: wait that moment, not longer.
-            if !idle.sender.is_ready()
-                && !matches!(
-                    tokio::time::timeout(READY_WAIT, idle.sender.ready()).await,
-                    Ok(Ok(()))
-                )
-            {
-                continue;
+            // Not polled while idle: drive it now, to learn whether the server closed it and to
+            // let hyper make it ready for the next request (a moment after the last response).
+            let ready = tokio::time::timeout(
+                READY_WAIT,
+                std::future::poll_fn(|cx| {
+                    conn.drive(cx);
+                    if !conn.is_open() {
+                        return Poll::Ready(false);
+                    }
+                    conn.sender.poll_ready(cx).map(|r| r.is_ok())
+                }),
+            )
+            .await;
+            if matches!(ready, Ok(true)) && conn.is_open() {
+                return Ok(Checkout {
+                    conn,
+                    reused: true,
+                    connect: None,
+                });
             }
-            return Ok(Checkout {
-                sender: idle.sender,
-                info: idle.info,
-                reused: true,
-                connect: None,
-            });
         }
         self.connect().await
     }
@@ -150,32 +192,31 @@ impl Pool {
                 stream,
                 info: info.clone(),
             });
-            let (sender, connection) = hyper::client::conn::http1::Builder::new()
+            let (sender, driver) = hyper::client::conn::http1::Builder::new()
                 .max_buf_size(READ_BUFFER)
                 .handshake(io)
                 .await
                 .map_err(ConnectError::Handshake)?;
-            tokio::spawn(async move {
-                if let Err(e) = connection.await {
-                    tracing::debug!(error = %e, "upstream connection ended with an error");
-                }
-            });
-            Ok((sender, info))
+            Ok(Conn {
+                sender,
+                driver: Box::pin(driver),
+                ended: false,
+                info,
+            })
         };
-        let (sender, info) = tokio::time::timeout(self.connect_timeout, connecting)
+        let conn = tokio::time::timeout(self.connect_timeout, connecting)
             .await
             .map_err(|_| ConnectError::TimedOut(self.connect_timeout))??;
         Ok(Checkout {
-            sender,
-            info,
+            conn,
             reused: false,
             connect: Some(started.elapsed()),
         })
     }
 
     /// A connection whose response ended cleanly comes back for the next request.
-    fn checkin(&self, sender: SendRequest<UpstreamBody>, info: Arc<ConnInfo>) {
-        if sender.is_closed() {
+    fn checkin(&self, conn: Conn) {
+        if !conn.is_open() {
             return;
         }
         let now = Instant::now();
@@ -189,46 +230,38 @@ impl Pool {
         if idle.len() >= MAX_IDLE {
             idle.remove(0);
         }
-        idle.push(Idle {
-            sender,
-            info,
-            since: now,
-        });
+        idle.push(Idle { conn, since: now });
     }
 }
 
 pin_project! {
-    /// The upstream's response body; when it ends cleanly its connection goes back to the pool.
-    /// Dropped before its end (the client went away), the connection is closed with it, which
-    /// stops the model server's generation.
+    /// The upstream's response body, driving its connection before each frame; when it ends
+    /// cleanly its connection goes back to the pool. Dropped before its end (the client went
+    /// away), the connection is closed with it, which stops the model server's generation.
     pub(crate) struct PooledBody {
         #[pin]
         inner: Incoming,
-        back: Option<(Arc<Pool>, SendRequest<UpstreamBody>, Arc<ConnInfo>)>,
+        conn: Option<Conn>,
+        pool: Arc<Pool>,
+        // An error held back for one poll (see poll_frame).
+        failed: Option<hyper::Error>,
     }
 }
 
 impl PooledBody {
-    pub(crate) fn new(
-        inner: Incoming,
-        pool: Arc<Pool>,
-        sender: SendRequest<UpstreamBody>,
-        info: Arc<ConnInfo>,
-    ) -> Self {
+    pub(crate) fn new(inner: Incoming, pool: Arc<Pool>, conn: Conn) -> Self {
         let mut body = PooledBody {
             inner,
-            back: Some((pool, sender, info)),
+            conn: Some(conn),
+            pool,
+            failed: None,
         };
         if body.inner.is_end_stream() {
-            body.give_back();
+            if let Some(conn) = body.conn.take() {
+                body.pool.checkin(conn);
+            }
         }
         body
-    }
-
-    fn give_back(&mut self) {
-        if let Some((pool, sender, info)) = self.back.take() {
-            pool.checkin(sender, info);
-        }
     }
 }
 
@@ -241,18 +274,29 @@ impl Body for PooledBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let mut this = self.project();
+        if let Some(error) = this.failed.take() {
+            return Poll::Ready(Some(Err(error)));
+        }
+        if let Some(conn) = this.conn.as_mut() {
+            conn.drive(cx);
+        }
         let polled = std::task::ready!(this.inner.as_mut().poll_frame(cx));
-        let ended = match &polled {
+        let ended = match polled {
             None => true,
-            Some(Ok(frame)) => frame.is_trailers() || this.inner.is_end_stream(),
-            Some(Err(_)) => {
-                this.back.take();
-                false
+            Some(Ok(ref frame)) => frame.is_trailers() || this.inner.is_end_stream(),
+            Some(Err(error)) => {
+                this.conn.take();
+                // The frames handed on before the break may still sit in hyper's write buffer,
+                // which an error would discard with the connection: give it one turn to send
+                // them (it flushes when the body is pending), then report the error.
+                *this.failed = Some(error);
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
             }
         };
         if ended {
-            if let Some((pool, sender, info)) = this.back.take() {
-                pool.checkin(sender, info);
+            if let Some(conn) = this.conn.take() {
+                this.pool.checkin(conn);
             }
         }
         Poll::Ready(polled)
