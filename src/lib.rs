@@ -37,3 +37,5 @@ pub use parse::{
 };
 pub use proxy::{accept, start, Overrides, Reloaded, Running, StartError};
 pub use publish::live::PAGE as LIVE_PAGE;
+/// The per-request record's columns, in order (the CSV header).
+pub use publish::record::COLUMNS as RECORD_COLUMNS;

@@ -24,7 +24,7 @@ use crate::config::{AccessLog, LogFormat, LogPath};
 const QUEUE_DEPTH: usize = 8192;
 
 /// The columns, in order; also the CSV header.
-pub(crate) const COLUMNS: [&str; 46] = [
+pub const COLUMNS: [&str; 46] = [
     "ts",
     "request_id",
     "route",
