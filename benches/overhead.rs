@@ -50,9 +50,10 @@ fn main() -> ExitCode {
     let params = Params::from_env();
     let load_before = procfs::load_average();
     let started = Instant::now();
-    // Every pool stays open, and this process holds both ends of every connection to the
-    // upstream: about four descriptors per stream and way at the top level, with pools of the
-    // lower levels still open. Raised before the proxies start, so they inherit it.
+    // Every pool stays open, and this process holds the client end of every connection and the
+    // upstream's end of every connection to it: a little over two descriptors per stream and
+    // way at the top level, four with head room. Raised before the proxies start, so they
+    // inherit it (each proxy needs a little over two per stream).
     let ways_count = 3 + usize::from(params.relay);
     let top = params.levels.iter().copied().max().unwrap_or(1);
     if let Err(why) = procfs::ensure_open_files(4 * (ways_count * top) as u64 + 256) {
@@ -332,16 +333,17 @@ async fn profile(
         return vec![format!("perf: cannot create {}: {e}", dir.display())];
     }
     for way in ways.iter().filter(|w| w.pid.is_some()) {
-        let output = dir.join(format!("{}-{}.perf.data", way.name, shape.streams));
+        let base = format!("{}-{}", way.name, shape.streams);
+        let request = PerfRequest {
+            record: dir.join(format!("{base}.perf.data")),
+            stat: dir.join(format!("{base}.stat.csv")),
+        };
         eprintln!(
             "overhead bench: perf record of {} into {}",
             way.name,
-            output.display()
+            request.record.display()
         );
-        let request = PerfRequest {
-            output: output.clone(),
-        };
-        let (_, child) = load::concurrent_round(
+        let (round, children) = load::concurrent_round(
             way,
             &params.workload,
             shape,
@@ -350,22 +352,40 @@ async fn profile(
             Some(&request),
         )
         .await;
-        let note = match child {
-            Some(Ok(mut child)) => match child.wait() {
-                Ok(status) if status.success() => format!(
-                    "perf: {} at {} streams in {} (`perf report -i {} --no-children`)",
-                    way.name,
-                    shape.streams,
-                    output.display(),
-                    output.display()
-                ),
-                Ok(status) => format!("perf: recording {} ended with {status}", way.name),
-                Err(e) => format!("perf: {e}"),
-            },
-            Some(Err(e)) => e,
-            None => format!("perf: {} has no process", way.name),
-        };
-        notes.push(note);
+        let mut ok = true;
+        for child in children {
+            match child.and_then(|mut c| c.wait().map_err(|e| e.to_string())) {
+                Ok(status) if status.success() => {}
+                Ok(status) => {
+                    ok = false;
+                    notes.push(format!("perf on {} ended with {status}", way.name));
+                }
+                Err(e) => {
+                    ok = false;
+                    notes.push(format!("perf on {}: {e}", way.name));
+                }
+            }
+        }
+        if !ok {
+            continue;
+        }
+        let per_frame: Vec<String> = load::perf_stat_counts(&request.stat)
+            .into_iter()
+            .map(|(event, count)| {
+                format!(
+                    "{:.2} {event}",
+                    count as f64 / round.events_in_window.max(1) as f64
+                )
+            })
+            .collect();
+        notes.push(format!(
+            "perf: {} at {} streams, per frame delivered: {}; profile in {} (`perf report -i {} --no-children`)",
+            way.name,
+            shape.streams,
+            per_frame.join(", "),
+            request.record.display(),
+            request.record.display()
+        ));
     }
     notes
 }

@@ -296,9 +296,10 @@ pub(crate) struct RoundShape {
     pub(crate) window: Duration,
 }
 
-/// `perf record` attached to a proxy for one measuring window.
+/// `perf record -g` and `perf stat` attached to a proxy for one measuring window.
 pub(crate) struct PerfRequest {
-    pub(crate) output: PathBuf,
+    pub(crate) record: PathBuf,
+    pub(crate) stat: PathBuf,
 }
 
 /// One round of one way: `shape.streams` workers, their starts spread evenly over one stream's
@@ -314,7 +315,7 @@ pub(crate) async fn concurrent_round(
     epoch: Instant,
     upstream: &Upstream,
     perf: Option<&PerfRequest>,
-) -> (Concurrent, Option<Result<Child, String>>) {
+) -> (Concurrent, Vec<Result<Child, String>>) {
     let stream_length = workload.stream_length().max(Duration::from_millis(1));
     let stagger = stream_length / shape.streams as u32;
     let now = since(epoch);
@@ -363,9 +364,9 @@ pub(crate) async fn concurrent_round(
     let proxy_before = way.pid.and_then(procfs::cpu_ticks);
     let bench_before = procfs::cpu_ticks(bench_pid);
     let opened = Instant::now();
-    let perf_child = match (perf, way.pid) {
-        (Some(request), Some(pid)) => Some(start_perf(request, pid, shape.window)),
-        _ => None,
+    let perf_children = match (perf, way.pid) {
+        (Some(request), Some(pid)) => start_perf(request, pid, shape.window),
+        _ => Vec::new(),
     };
     let mut max_rss: Option<u64> = None;
     for i in 1..=5u64 {
@@ -393,7 +394,7 @@ pub(crate) async fn concurrent_round(
         }
     }
     round.connections = upstream.accepted() - accepted_before;
-    (round, perf_child)
+    (round, perf_children)
 }
 
 impl Concurrent {
@@ -420,19 +421,51 @@ impl Concurrent {
     }
 }
 
-/// Starts `perf record -g` on `pid` for `length`; the caller waits for it after the round.
-fn start_perf(request: &PerfRequest, pid: u32, length: Duration) -> Result<Child, String> {
-    Command::new("perf")
+/// Starts `perf record -g` and `perf stat` (syscalls, context switches) on `pid` for `length`;
+/// the caller waits for both after the round.
+fn start_perf(request: &PerfRequest, pid: u32, length: Duration) -> Vec<Result<Child, String>> {
+    let seconds = format!("{:.3}", length.as_secs_f64());
+    let record = Command::new("perf")
         .args(["record", "-g", "-q", "-o"])
-        .arg(&request.output)
+        .arg(&request.record)
         .arg("-p")
         .arg(pid.to_string())
-        .arg("--")
-        .arg("sleep")
-        .arg(format!("{:.3}", length.as_secs_f64()))
+        .args(["--", "sleep", &seconds])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("cannot start perf: {e}"))
+        .spawn();
+    let stat = Command::new("perf")
+        .args([
+            "stat",
+            "-x,",
+            "-e",
+            "raw_syscalls:sys_enter,context-switches",
+            "-o",
+        ])
+        .arg(&request.stat)
+        .arg("-p")
+        .arg(pid.to_string())
+        .args(["--", "sleep", &seconds])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
+    [record, stat]
+        .into_iter()
+        .map(|r| r.map_err(|e| format!("cannot start perf: {e}")))
+        .collect()
+}
+
+/// The counts in a `perf stat -x,` file, by event name.
+pub(crate) fn perf_stat_counts(path: &std::path::Path) -> Vec<(String, u64)> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split(',').collect();
+            let count = fields.first()?.trim().parse().ok()?;
+            Some((fields.get(2)?.trim().to_string(), count))
+        })
+        .collect()
 }

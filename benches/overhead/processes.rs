@@ -175,8 +175,10 @@ fn nginx_once(
     let listen = StdTcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map_err(|e| format!("cannot find a free port for nginx: {e}"))?;
-    // Each stream holds a client and an upstream connection; the rest is head room.
-    let connections = 2 * streams + 256;
+    // Each stream holds a client and an upstream connection, and the clients' pools open a
+    // fresh connection now and then before a finished one is back in the pool, so twice that
+    // again: with fewer, nginx warns "worker_connections are not enough" and closes idle ones.
+    let connections = 4 * streams + 256;
     let config = include_str!("nginx.conf")
         .replace("{{DIR}}", &scratch.display().to_string())
         .replace("{{NOFILE}}", &(2 * connections).to_string())

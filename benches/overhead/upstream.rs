@@ -64,8 +64,12 @@ impl Upstream {
                 tokio::spawn(async move {
                     let service =
                         service_fn(move |request: Request<Incoming>| answer(request, epoch));
+                    // hyper's 30 s header-read timeout also closes idle keep-alive
+                    // connections, racing a pool that picks one just then: a failed stream
+                    // that says nothing about the proxy. Connections to the mock stay open.
                     let _ = hyper::server::conn::http1::Builder::new()
                         .timer(TokioTimer::new())
+                        .header_read_timeout(None)
                         .serve_connection(TokioIo::new(stream), service)
                         .await;
                 });
