@@ -52,11 +52,11 @@ fn main() -> ExitCode {
     let started = Instant::now();
     // Every pool stays open, and this process holds the client end of every connection and the
     // upstream's end of every connection to it: a little over two descriptors per stream and
-    // way at the top level, four with head room. Raised before the proxies start, so they
+    // way at the top level, three with head room. Raised before the proxies start, so they
     // inherit it (each proxy needs a little over two per stream).
     let ways_count = 3 + usize::from(params.relay);
     let top = params.levels.iter().copied().max().unwrap_or(1);
-    if let Err(why) = procfs::ensure_open_files(4 * (ways_count * top) as u64 + 256) {
+    if let Err(why) = procfs::ensure_open_files(3 * (ways_count * top) as u64 + 256) {
         return fail(&why);
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
