@@ -1,65 +1,64 @@
-//! What the proxy costs a stream, measured end to end: `cargo bench --bench overhead`.
+//! What the proxy costs, against the floor a user would otherwise put there: `cargo bench
+//! --bench overhead`.
 //!
-//! One run streams the same load straight to an in-process upstream and through the real
-//! `tokenmeter` binary (a child process, so its CPU time and RSS are its own), alternating the
-//! two ways round by round so both see the same machine, at 1 and at 256 concurrent streams, all
-//! on loopback. The upstream streams OpenAI chat chunks the way vLLM does and writes into each
-//! token the moment it handed that frame to hyper; the client notes when the frame arrives, so
-//! per-event latency needs no clock but this process's. It prints a Markdown table for the
-//! README (added TTFT and per-event latency at p50 and p99, proxy CPU time per 1,000 events, proxy
-//! RSS) with the raw percentiles, the run's parameters and the targets. It measures and reports;
+//! One run sends the same load three ways, all on loopback: straight to a paced mock upstream in
+//! this process (the baseline), through nginx (one worker, keep-alive upstream, `proxy_buffering
+//! off`: the pass-through floor, which measures nothing) and through the real `tokenmeter`
+//! release binary. Both proxies are child processes, so their CPU time and RSS are their own. It
+//! prints one Markdown table for the README, each figure for the three ways with tokenmeter's
+//! ratio to nginx: added TTFT at one user (the ways alternating request by request), proxy CPU
+//! seconds per 1,000 frames and proxy RSS at 128, 512 and 1,024 concurrent streams, and at 1,024
+//! streams the frames per second delivered and the share of streams that stalled. Details, the
+//! exact workload, the machine's load and issue 12's targets follow. It measures and reports;
 //! it fails nothing.
 //!
-//! Knobs, all optional: `--quick` or `TOKENMETER_BENCH_QUICK=1` (a smoke run of a few seconds),
-//! `TOKENMETER_BENCH_STREAMS=1,64,256`, `TOKENMETER_BENCH_EVENTS=64` (tokens per stream),
-//! `TOKENMETER_BENCH_INTERVAL_US` (one token gap for every level), and
-//! `TOKENMETER_BENCH_RELAY=1`, which adds a third way through a bare TCP relay process to show
-//! how much of the added latency any extra process on the path costs.
+//! Knobs, all optional: `--quick` or `TOKENMETER_BENCH_QUICK=1` (a smoke run of about 20 s),
+//! `TOKENMETER_BENCH_STREAMS=128,512,1024`, `TOKENMETER_BENCH_EVENTS=64` (tokens per stream),
+//! `TOKENMETER_BENCH_INTERVAL_US=20000` (the pace), `TOKENMETER_BENCH_NGINX=PATH` (or `0` to
+//! leave nginx out), `TOKENMETER_BENCH_RELAY=1` (a bare TCP relay process as one more way: the
+//! cost of the hop alone), and `TOKENMETER_BENCH_PERF=DIR` (one extra, uncounted round per proxy
+//! at the level nearest 512 streams under `perf record -g`, written to DIR).
 
-use std::convert::Infallible;
-use std::future::Future;
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
-use std::pin::Pin;
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
-use std::task::{ready, Context, Poll};
+#[path = "overhead/load.rs"]
+mod load;
+#[path = "overhead/processes.rs"]
+mod processes;
+#[path = "overhead/procfs.rs"]
+mod procfs;
+#[path = "overhead/upstream.rs"]
+mod upstream;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE};
-use http::{Method, Request, Response, StatusCode, Uri};
-use http_body_util::{BodyExt, Either, Full};
-use hyper::body::{Body, Frame, Incoming};
-use hyper::service::service_fn;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use memchr::memmem;
-use tokio::net::TcpListener;
-use tokio::task::JoinSet;
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 
-const TARGET_TTFT_P99_NS: f64 = 100_000.0;
-const TARGET_EVENT_P99_NS: f64 = 5_000.0;
-const TARGET_IDLE_RSS_KIB: u64 = 32 * 1024;
+use load::{Concurrent, PerfRequest, RoundShape, SingleUser, Way, Workload};
+use processes::ProxyProcess;
+use upstream::{Upstream, FRAMING_EVENTS};
 
-/// The key under which the upstream writes its send time into each token chunk.
-const SENT_KEY: &[u8] = b"\"sent_ns\":";
-
-/// SSE events per stream besides the tokens: role, finish, usage and `[DONE]`.
-const FRAMING_EVENTS: usize = 4;
-
-/// The request every stream sends, as an OpenAI client asking for usage would.
-const REQUEST_BODY: &[u8] = br#"{"model":"bench","messages":[{"role":"user","content":"Tell me a story."}],"stream":true,"stream_options":{"include_usage":true},"max_tokens":64}"#;
-
-fn main() -> std::process::ExitCode {
+fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--relay-for") {
-        return relay_main(args.get(i + 1));
+        return match processes::relay_main(args.get(i + 1)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(&e),
+        };
     }
     let params = Params::from_env();
+    let load_before = procfs::load_average();
+    let started = Instant::now();
+    // Every pool stays open, and this process holds the client end of every connection and the
+    // upstream's end of every connection to it: a little over two descriptors per stream and
+    // way at the top level, three with head room. Raised before the proxies start, so they
+    // inherit it (each proxy needs a little over two per stream).
+    let ways_count = 3 + usize::from(params.relay);
+    let top = params.levels.iter().copied().max().unwrap_or(1);
+    if let Err(why) = procfs::ensure_open_files(3 * (ways_count * top) as u64 + 256) {
+        return fail(&why);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -67,81 +66,94 @@ fn main() -> std::process::ExitCode {
         Ok(rt) => rt,
         Err(e) => return fail(&format!("cannot start the runtime: {e}")),
     };
-    let started = Instant::now();
     // One epoch for the upstream's send stamps and the clients' arrival stamps.
     let epoch = Instant::now();
-    let upstream = match runtime.block_on(Upstream::start(epoch, params.events)) {
+    let upstream = match runtime.block_on(Upstream::start(epoch)) {
         Ok(upstream) => upstream,
         Err(e) => return fail(&e),
     };
-    // Blocking on the child's stderr is fine here: the upstream runs on the runtime's workers.
-    let proxy = match ProxyProcess::spawn(upstream.addr) {
+    // Blocking in these spawns is fine: the upstream runs on the runtime's workers.
+    let tokenmeter = match ProxyProcess::tokenmeter(upstream.addr) {
         Ok(proxy) => proxy,
         Err(e) => return fail(&e),
     };
-    let relay = if std::env::var("TOKENMETER_BENCH_RELAY").is_ok_and(|v| !v.is_empty() && v != "0")
-    {
-        match RelayProcess::spawn(upstream.addr) {
+    let mut nginx_version = None;
+    let nginx = match processes::find_or_install_nginx().and_then(|binary| {
+        nginx_version = processes::nginx_version(&binary);
+        ProxyProcess::nginx(&binary, upstream.addr, top)
+    }) {
+        Ok(nginx) => Ok(nginx),
+        Err(why) => {
+            eprintln!("overhead bench: nginx: {why}; going on without it");
+            Err(why)
+        }
+    };
+    let relay = if params.relay {
+        match processes::relay(upstream.addr) {
             Ok(relay) => Some(relay),
             Err(e) => return fail(&e),
         }
     } else {
         None
     };
-    let reports = runtime.block_on(run(&params, epoch, &upstream, &proxy, relay.as_ref()));
-    print_report(
-        &params,
-        &reports,
-        &proxy,
-        relay.is_some(),
-        started.elapsed(),
-    );
-    std::process::ExitCode::SUCCESS
-}
-
-fn fail(message: &str) -> std::process::ExitCode {
-    eprintln!("overhead bench: {message}");
-    std::process::ExitCode::FAILURE
-}
-
-/// What one run does; the defaults take one to two minutes on two cores.
-struct Params {
-    /// Token chunks per stream.
-    events: usize,
-    levels: Vec<Level>,
-    quick: bool,
-}
-
-/// The most tokens per second the upstream streams in all, unless an interval is given: about
-/// what one busy GPU server produces. 256 streams 2 ms apart would be 128,000 a second, which
-/// saturates a two-core machine by itself and measures the machine instead of the proxy.
-const AGGREGATE_TOKENS_PER_SECOND: u64 = 12_800;
-
-/// One concurrency level and how many rounds of each way it runs.
-struct Level {
-    streams: usize,
-    /// The gap between one stream's tokens, as a model server's decode step spaces them.
-    interval: Duration,
-    warmup_rounds: usize,
-    rounds: usize,
-    /// Streams each worker runs back to back in one round.
-    per_worker: usize,
-    /// Streams at each end of a worker's round that are not counted: the first runs while the
-    /// others are still starting and the last while they finish, so neither sees `streams`
-    /// concurrent streams.
-    ramp: usize,
-}
-
-impl Level {
-    fn stream_duration(&self, events: usize) -> Duration {
-        self.interval * events as u32
+    let mut proxies: Vec<(&'static str, &ProxyProcess)> = Vec::new();
+    if let Ok(nginx) = &nginx {
+        proxies.push(("nginx", nginx));
     }
+    proxies.push(("tokenmeter", &tokenmeter));
+    if let Some(relay) = &relay {
+        proxies.push(("relay", relay));
+    }
+    // Ways are built inside the runtime: hyper's client pool needs it.
+    let measured = runtime.block_on(async {
+        let mut ways = vec![Arc::new(Way::new("direct", upstream.addr, None))];
+        for (name, proxy) in &proxies {
+            ways.push(Arc::new(Way::new(name, proxy.listen, Some(proxy.pid()))));
+        }
+        run(&params, epoch, &upstream, &ways).await
+    });
+    let after_rss: Vec<(&str, Option<u64>)> = proxies
+        .iter()
+        .map(|(name, proxy)| (*name, procfs::rss_kib(proxy.pid())))
+        .collect();
+    let context = Context {
+        load_before,
+        load_after: procfs::load_average(),
+        nginx_version,
+        nginx_missing: nginx.as_ref().err().cloned(),
+        proxies: &proxies,
+        after_rss,
+        took: started.elapsed(),
+    };
+    print_report(&params, &measured, &context);
+    ExitCode::SUCCESS
+}
+
+fn fail(message: &str) -> ExitCode {
+    eprintln!("overhead bench: {message}");
+    ExitCode::FAILURE
+}
+
+/// What one run does; the defaults take about four minutes on two cores.
+struct Params {
+    quick: bool,
+    /// The one-user level: short, fast streams, since only the first token matters for TTFT.
+    single: Workload,
+    single_warmup: usize,
+    single_samples: usize,
+    /// The concurrent levels' streams, and how many run at once at each level.
+    workload: Workload,
+    levels: Vec<usize>,
+    /// The measuring window of one round, and the rounds each way runs per level.
+    window: Duration,
+    rounds: usize,
+    relay: bool,
+    perf_dir: Option<PathBuf>,
 }
 
 impl Params {
     fn from_env() -> Params {
-        let quick = std::env::args().any(|a| a == "--quick")
-            || std::env::var("TOKENMETER_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
+        let quick = std::env::args().any(|a| a == "--quick") || flag("TOKENMETER_BENCH_QUICK");
         let number = |name: &str| -> Option<u64> {
             let text = std::env::var(name).ok()?;
             let parsed = text.trim().parse().ok();
@@ -150,881 +162,258 @@ impl Params {
             }
             parsed
         };
-        // The quick run halves the streams' length as well as their number.
-        let events = number("TOKENMETER_BENCH_EVENTS")
-            .unwrap_or(if quick { 32 } else { 64 })
-            .max(1) as usize;
-        let fixed_interval = number("TOKENMETER_BENCH_INTERVAL_US").map(|us| us.max(1));
-        let streams: Vec<usize> = std::env::var("TOKENMETER_BENCH_STREAMS")
+        let tokens = number("TOKENMETER_BENCH_EVENTS")
+            .unwrap_or(if quick { 16 } else { 64 })
+            .clamp(1, 10_000) as usize;
+        let interval = Duration::from_micros(
+            number("TOKENMETER_BENCH_INTERVAL_US")
+                .unwrap_or(20_000)
+                .clamp(100, 1_000_000),
+        );
+        let levels: Vec<usize> = std::env::var("TOKENMETER_BENCH_STREAMS")
             .ok()
             .map(|text| {
                 text.split(',')
                     .filter_map(|s| s.trim().parse().ok())
-                    .filter(|&n| n > 0)
+                    .filter(|&n| n > 0 && n <= 8192)
                     .collect()
             })
             .filter(|v: &Vec<usize>| !v.is_empty())
-            .unwrap_or_else(|| vec![1, 256]);
-        let levels = streams
-            .into_iter()
-            .map(|streams| {
-                let interval = Duration::from_micros(fixed_interval.unwrap_or_else(|| {
-                    (streams as u64 * 1_000_000 / AGGREGATE_TOKENS_PER_SECOND).max(2_000)
-                }));
-                let (warmup_rounds, rounds, per_worker, ramp) = match (streams, quick) {
-                    // A single stream overlaps no other, so every one counts and each round is
-                    // one stream: the ways alternate as finely as they can.
-                    (1, false) => (5, 200, 1, 0),
-                    (1, true) => (2, 20, 1, 0),
-                    // Each worker's first stream (not counted) opens its connections, so the
-                    // quick run needs no warm-up round.
-                    (_, false) => (1, 3, 4, 1),
-                    (_, true) => (0, 1, 3, 1),
-                };
-                Level {
-                    streams,
-                    interval,
-                    warmup_rounds,
-                    rounds,
-                    per_worker,
-                    ramp,
-                }
-            })
-            .collect();
-        Params {
-            events,
-            levels,
-            quick,
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// The upstream: a vLLM-shaped chat completions endpoint.
-
-/// The running upstream: where it listens, the token interval it streams at (set per level),
-/// and how many connections it has accepted, so that a way that keeps reconnecting shows.
-struct Upstream {
-    addr: SocketAddr,
-    interval_us: Arc<AtomicU64>,
-    accepted: Arc<AtomicU64>,
-}
-
-impl Upstream {
-    /// Serves `POST /v1/chat/completions` on 127.0.0.1:0 over HTTP/1.1, each response a
-    /// [`TokenStream`] of `events` tokens.
-    async fn start(epoch: Instant, events: usize) -> Result<Upstream, String> {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .map_err(|e| format!("cannot bind the upstream: {e}"))?;
-        let addr = listener
-            .local_addr()
-            .map_err(|e| format!("upstream address: {e}"))?;
-        let interval_us = Arc::new(AtomicU64::new(2_000));
-        let accepted = Arc::new(AtomicU64::new(0));
-        let (interval, count) = (interval_us.clone(), accepted.clone());
-        tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                count.fetch_add(1, Ordering::Relaxed);
-                // Each token must leave as its own segment, as it does from a real model server.
-                let _ = stream.set_nodelay(true);
-                let interval = interval.clone();
-                tokio::spawn(async move {
-                    let service = service_fn(move |request: Request<Incoming>| {
-                        let gap = Duration::from_micros(interval.load(Ordering::Relaxed));
-                        answer(request, epoch, events, gap)
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .timer(TokioTimer::new())
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        });
-        Ok(Upstream {
-            addr,
-            interval_us,
-            accepted,
-        })
-    }
-
-    fn accepted(&self) -> u64 {
-        self.accepted.load(Ordering::Relaxed)
-    }
-}
-
-type UpstreamBody = Either<TokenStream, Full<Bytes>>;
-
-async fn answer(
-    request: Request<Incoming>,
-    epoch: Instant,
-    events: usize,
-    interval: Duration,
-) -> Result<Response<UpstreamBody>, Infallible> {
-    if request.method() != Method::POST || request.uri().path() != "/v1/chat/completions" {
-        return Ok(plain(StatusCode::NOT_FOUND));
-    }
-    // A model server reads the whole request before it answers.
-    if request.into_body().collect().await.is_err() {
-        return Ok(plain(StatusCode::BAD_REQUEST));
-    }
-    let mut response = Response::new(Either::Left(TokenStream::new(epoch, events, interval)));
-    let headers = response.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    Ok(response)
-}
-
-fn plain(status: StatusCode) -> Response<UpstreamBody> {
-    let mut response = Response::new(Either::Right(Full::new(Bytes::new())));
-    *response.status_mut() = status;
-    response
-}
-
-/// A chat completion stream as vLLM sends it: a role chunk, then one chunk per token, a finish
-/// chunk, a usage chunk and `data: [DONE]`, each chunk its own body frame.
-///
-/// The first token follows the role chunk at once (prefill costs nothing here), so TTFT holds no
-/// timer jitter, only the two ways. Each later token waits `interval` after the one before it,
-/// so tokens leave in separate writes. Every token carries the time it was handed to hyper.
-struct TokenStream {
-    epoch: Instant,
-    tokens: usize,
-    interval: Duration,
-    next: Next,
-    due: Pin<Box<Sleep>>,
-}
-
-#[derive(Clone, Copy)]
-enum Next {
-    Role,
-    Token(usize),
-    Finish,
-    Usage,
-    Done,
-    End,
-}
-
-impl TokenStream {
-    fn new(epoch: Instant, tokens: usize, interval: Duration) -> Self {
-        TokenStream {
-            epoch,
-            tokens,
-            interval,
-            next: Next::Role,
-            due: Box::pin(tokio::time::sleep(Duration::ZERO)),
-        }
-    }
-}
-
-impl Body for TokenStream {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        let this = self.get_mut();
-        let chunk = match this.next {
-            Next::Role => {
-                this.next = Next::Token(0);
-                Bytes::from_static(b"data: {\"id\":\"chatcmpl-bench\",\"object\":\"chat.completion.chunk\",\"created\":1700000000,\"model\":\"bench\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n")
-            }
-            Next::Token(i) => {
-                if i > 0 {
-                    ready!(this.due.as_mut().poll(cx));
-                }
-                // Stamped when ready, never on Pending: this is the frame hyper writes next.
-                let now = Instant::now();
-                // The next token is due one interval after this one was due, not after it was
-                // sent: tokio's timer fires up to a millisecond late, and that lateness must not
-                // pile up into a slower stream. One that fell a whole interval behind restarts.
-                let on_schedule = this.due.deadline() + this.interval;
-                let next = if i > 0 && on_schedule > now {
-                    on_schedule
+            .unwrap_or_else(|| {
+                if quick {
+                    vec![16, 64]
                 } else {
-                    now + this.interval
-                };
-                this.due.as_mut().reset(next);
-                this.next = if i + 1 == this.tokens {
-                    Next::Finish
-                } else {
-                    Next::Token(i + 1)
-                };
-                Bytes::from(format!(
-                    "data: {{\"id\":\"chatcmpl-bench\",\"object\":\"chat.completion.chunk\",\"created\":1700000000,\"model\":\"bench\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\" tok{i}\"}},\"logprobs\":null,\"finish_reason\":null}}],\"sent_ns\":{}}}\n\n",
-                    (now - this.epoch).as_nanos()
-                ))
-            }
-            Next::Finish => {
-                this.next = Next::Usage;
-                Bytes::from_static(b"data: {\"id\":\"chatcmpl-bench\",\"object\":\"chat.completion.chunk\",\"created\":1700000000,\"model\":\"bench\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"\"},\"logprobs\":null,\"finish_reason\":\"stop\",\"stop_reason\":null}]}\n\n")
-            }
-            Next::Usage => {
-                this.next = Next::Done;
-                Bytes::from(format!(
-                    "data: {{\"id\":\"chatcmpl-bench\",\"object\":\"chat.completion.chunk\",\"created\":1700000000,\"model\":\"bench\",\"choices\":[],\"usage\":{{\"prompt_tokens\":12,\"total_tokens\":{},\"completion_tokens\":{}}}}}\n\n",
-                    12 + this.tokens,
-                    this.tokens
-                ))
-            }
-            Next::Done => {
-                this.next = Next::End;
-                Bytes::from_static(b"data: [DONE]\n\n")
-            }
-            Next::End => return Poll::Ready(None),
-        };
-        Poll::Ready(Some(Ok(Frame::data(chunk))))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        matches!(self.next, Next::End)
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// The proxy: the release binary in a child process.
-
-/// The running `tokenmeter` binary; killed when dropped, so a panic cannot leave it behind.
-struct ProxyProcess {
-    child: Child,
-    listen: SocketAddr,
-    /// Warnings and errors it logged; a healthy run has none.
-    complaints: Arc<Mutex<Vec<String>>>,
-    idle_rss_kib: Option<u64>,
-}
-
-impl ProxyProcess {
-    fn spawn(upstream: SocketAddr) -> Result<ProxyProcess, String> {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
-            .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
-            .arg("--upstream")
-            .arg(format!("http://{upstream}"))
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", env!("CARGO_BIN_EXE_tokenmeter")))?;
-        let Some(stderr) = child.stderr.take() else {
-            let _ = child.kill();
-            return Err("the proxy's stderr was not piped".into());
-        };
-        let complaints = Arc::new(Mutex::new(Vec::new()));
-        let (serving_tx, serving_rx) = mpsc::channel();
-        let kept = complaints.clone();
-        // Reads stderr to the end so the pipe never fills and blocks the proxy's logging.
-        std::thread::spawn(move || {
-            let mut before_serving = Vec::new();
-            let mut serving = Some(serving_tx);
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                if serving.is_some() && line.contains("tokenmeter is serving") {
-                    if let Some(tx) = serving.take() {
-                        let _ = tx.send(Ok(line));
-                    }
-                    continue;
+                    vec![128, 512, 1024]
                 }
-                if serving.is_some() {
-                    before_serving.push(line);
-                } else if line.contains("WARN") || line.contains("ERROR") {
-                    if let Ok(mut kept) = kept.lock() {
-                        if kept.len() < 20 {
-                            kept.push(line);
-                        }
-                    }
-                }
-            }
-            if let Some(tx) = serving {
-                let _ = tx.send(Err(before_serving.join("\n")));
-            }
-        });
-        let mut proxy = ProxyProcess {
-            child,
-            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-            complaints,
-            idle_rss_kib: None,
-        };
-        let line = match serving_rx.recv_timeout(Duration::from_secs(30)) {
-            Ok(Ok(line)) => line,
-            Ok(Err(output)) => return Err(format!("the proxy exited before serving:\n{output}")),
-            Err(_) => return Err("the proxy did not say it was serving within 30 s".into()),
-        };
-        proxy.listen = line
-            .split_whitespace()
-            .find_map(|field| field.strip_prefix("listen="))
-            .and_then(|addr| addr.parse().ok())
-            .ok_or_else(|| format!("no listen=ADDR in the proxy's line: {line}"))?;
-        // Let start-up allocations settle before calling what is left idle.
-        std::thread::sleep(Duration::from_millis(200));
-        proxy.idle_rss_kib = proc_status_kib(proxy.pid(), "VmRSS:");
-        Ok(proxy)
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-}
-
-impl Drop for ProxyProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A bare TCP relay in a process of its own (this executable, run with `--relay-for ADDR`): the
-/// cost of one more process and two more loopback sockets on the path, without HTTP. Put in
-/// place of the proxy, it tells how much of the added latency is the hop and how much is
-/// tokenmeter. Only with `TOKENMETER_BENCH_RELAY=1`.
-struct RelayProcess {
-    child: Child,
-    listen: SocketAddr,
-}
-
-impl RelayProcess {
-    fn spawn(upstream: SocketAddr) -> Result<RelayProcess, String> {
-        let exe = std::env::current_exe().map_err(|e| format!("cannot find this bench: {e}"))?;
-        let mut child = Command::new(exe)
-            .arg("--relay-for")
-            .arg(upstream.to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("cannot start the relay: {e}"))?;
-        let mut line = String::new();
-        if let Some(stdout) = child.stdout.take() {
-            let _ = BufReader::new(stdout).read_line(&mut line);
-        }
-        let mut relay = RelayProcess {
-            child,
-            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-        };
-        relay.listen = line
-            .trim()
-            .strip_prefix("listen=")
-            .and_then(|addr| addr.parse().ok())
-            .ok_or_else(|| format!("the relay did not say where it listens: {line:?}"))?;
-        Ok(relay)
-    }
-}
-
-impl Drop for RelayProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The relay's own `main`: accept, connect upstream, copy both ways until either side closes.
-/// It uses tokio's default multi-threaded runtime, as tokenmeter does.
-fn relay_main(upstream: Option<&String>) -> std::process::ExitCode {
-    let Some(upstream) = upstream.and_then(|a| a.parse::<SocketAddr>().ok()) else {
-        return fail("--relay-for needs the upstream's ADDR");
-    };
-    let runtime = match tokio::runtime::Runtime::new() {
-        Ok(rt) => rt,
-        Err(e) => return fail(&format!("relay runtime: {e}")),
-    };
-    runtime.block_on(async move {
-        let listener = match TcpListener::bind("127.0.0.1:0").await {
-            Ok(l) => l,
-            Err(e) => return fail(&format!("relay bind: {e}")),
-        };
-        match listener.local_addr() {
-            Ok(addr) => println!("listen={addr}"),
-            Err(e) => return fail(&format!("relay address: {e}")),
-        }
-        loop {
-            let Ok((mut inbound, _)) = listener.accept().await else {
-                continue;
-            };
-            let _ = inbound.set_nodelay(true);
-            tokio::spawn(async move {
-                let Ok(mut outbound) = tokio::net::TcpStream::connect(upstream).await else {
-                    return;
-                };
-                let _ = outbound.set_nodelay(true);
-                let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
             });
-        }
-    })
-}
-
-/// User plus system CPU time of `pid`, in clock ticks (Linux `/proc`; `None` elsewhere).
-fn cpu_ticks(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may hold spaces and parentheses; the fields proper follow the last `)`,
-    // starting with field 3 (state), so utime (14) and stime (15) are the 12th and 13th.
-    let mut fields = stat
-        .get(stat.rfind(')')? + 1..)?
-        .split_whitespace()
-        .skip(11);
-    let utime: u64 = fields.next()?.parse().ok()?;
-    let stime: u64 = fields.next()?.parse().ok()?;
-    Some(utime + stime)
-}
-
-/// Busy and total CPU ticks of the whole machine, all cores, from `/proc/stat`. Busy is user,
-/// nice and system time plus what the hypervisor stole; interrupt time is left out because the
-/// kernel spends it on this run's own loopback traffic without charging any process for it.
-fn machine_ticks() -> Option<(u64, u64)> {
-    let stat = std::fs::read_to_string("/proc/stat").ok()?;
-    let fields: Vec<u64> = stat
-        .lines()
-        .next()?
-        .strip_prefix("cpu ")?
-        .split_whitespace()
-        .filter_map(|f| f.parse().ok())
-        .collect();
-    // user nice system idle iowait irq softirq steal (guest time is inside user already)
-    let [user, nice, system, idle, iowait, irq, softirq, steal, ..] = fields[..] else {
-        return None;
-    };
-    let busy = user + nice + system + steal;
-    Some((busy, busy + idle + iowait + irq + softirq))
-}
-
-/// A `kB` line of `/proc/<pid>/status`, such as `VmRSS:` or `VmHWM:`.
-fn proc_status_kib(pid: u32, key: &str) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix(key))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|kib| kib.parse().ok())
-}
-
-/// Clock ticks per second, from `getconf CLK_TCK`; 100 (every Linux build) if that fails.
-fn clock_ticks_per_second() -> u64 {
-    Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|out| String::from_utf8(out.stdout).ok())
-        .and_then(|text| text.trim().parse().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or(100)
-}
-
-/// The soft and hard limits on open files of this process, from `/proc/self/limits`.
-fn open_files_limits() -> Option<(u64, u64)> {
-    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
-    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
-    let mut fields = line.split_whitespace().skip(3);
-    let soft = fields.next()?.parse().ok()?;
-    // "unlimited" is as good as any number here.
-    let hard = fields.next()?.parse().unwrap_or(u64::MAX);
-    Some((soft, hard))
-}
-
-/// Makes room for `needed` open files, raising the soft limit towards the hard one if it must.
-/// Many desktops start at a soft limit of 1,024, too few for 256 streams on two pooled ways;
-/// `prlimit` (util-linux) raises it without `unsafe`. Returns the error to report otherwise.
-fn ensure_open_files(needed: u64) -> Result<(), String> {
-    let Some((soft, hard)) = open_files_limits() else {
-        return Ok(());
-    };
-    if soft >= needed {
-        return Ok(());
-    }
-    let wanted = needed.next_power_of_two().min(hard);
-    let _ = Command::new("prlimit")
-        .arg("--pid")
-        .arg(std::process::id().to_string())
-        .arg(format!("--nofile={wanted}:"))
-        .status();
-    match open_files_limits() {
-        Some((soft, _)) if soft >= needed => Ok(()),
-        Some((soft, _)) => Err(format!(
-            "needs about {needed} open files and the limit is {soft}; raise it with `ulimit -n {}`",
-            needed.next_power_of_two()
-        )),
-        None => Ok(()),
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// The clients.
-
-type HttpClient = Client<HttpConnector, Full<Bytes>>;
-
-/// One way to the upstream: straight, through the proxy or through the relay. Each has its own
-/// connection pool, warmed before anything is counted.
-struct Target {
-    client: HttpClient,
-    uri: Uri,
-}
-
-impl Target {
-    fn new(addr: SocketAddr) -> Target {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        Target {
-            client: Client::builder(TokioExecutor::new()).build(connector),
-            uri: format!("http://{addr}/v1/chat/completions")
-                .parse()
-                .expect("a socket address makes a valid URI"),
+        let perf_dir = std::env::var("TOKENMETER_BENCH_PERF")
+            .ok()
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from);
+        Params {
+            quick,
+            // 16 tokens 2 ms apart: a request every ~35 ms, so hundreds of samples per way fit
+            // in well under a minute.
+            single: Workload::new(16, Duration::from_millis(2)),
+            single_warmup: if quick { 3 } else { 10 },
+            single_samples: if quick { 30 } else { 400 },
+            workload: Workload::new(tokens, interval),
+            levels,
+            window: Duration::from_secs(if quick { 1 } else { 4 }),
+            rounds: if quick { 1 } else { 2 },
+            relay: flag("TOKENMETER_BENCH_RELAY"),
+            perf_dir,
         }
     }
-}
 
-/// What one stream saw.
-struct StreamSeen {
-    /// From just before the request was sent to the arrival of the first token.
-    ttft_ns: u64,
-    /// For each token, its arrival minus the upstream's stamp.
-    event_ns: Vec<u64>,
-    /// Every SSE event received, tokens and framing alike.
-    sse_events: u64,
-}
-
-/// Splits the received bytes into SSE events, whichever frames they arrive in: hyper hands on a
-/// chunk in pieces if it arrived in pieces, and two events may share a frame.
-struct EventSplitter {
-    pending: Vec<u8>,
-}
-
-impl EventSplitter {
-    /// Feeds one frame; calls `event` with the send stamp of each token it completes (`None` for
-    /// the other events).
-    fn feed(&mut self, frame: &[u8], mut event: impl FnMut(Option<u64>)) {
-        self.pending.extend_from_slice(frame);
-        let mut start = 0;
-        while let Some(end) = memmem::find(&self.pending[start..], b"\n\n") {
-            let text = &self.pending[start..start + end];
-            event(sent_stamp(text));
-            start += end + 2;
-        }
-        self.pending.drain(..start);
+    /// The level profiled with `TOKENMETER_BENCH_PERF`: the one nearest 512 streams.
+    fn profiled_level(&self) -> Option<usize> {
+        self.levels.iter().copied().min_by_key(|&n| n.abs_diff(512))
     }
 }
 
-fn sent_stamp(event: &[u8]) -> Option<u64> {
-    let at = memmem::find(event, SENT_KEY)? + SENT_KEY.len();
-    let digits = &event[at..];
-    let len = digits.iter().take_while(|b| b.is_ascii_digit()).count();
-    std::str::from_utf8(&digits[..len]).ok()?.parse().ok()
-}
-
-fn since(epoch: Instant) -> u64 {
-    epoch.elapsed().as_nanos() as u64
-}
-
-/// Sends one chat completion request to `target` and reads its stream to the end.
-async fn stream_once(target: &Target, epoch: Instant, tokens: usize) -> Result<StreamSeen, String> {
-    let request = Request::post(target.uri.clone())
-        .header(CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from_static(REQUEST_BODY)))
-        .map_err(|e| e.to_string())?;
-    let sent = since(epoch);
-    let response = target
-        .client
-        .request(request)
-        .await
-        .map_err(|e| format!("request failed: {e}"))?;
-    if response.status() != StatusCode::OK {
-        return Err(format!("status {}", response.status()));
-    }
-    let mut body = response.into_body();
-    let mut splitter = EventSplitter {
-        pending: Vec::with_capacity(512),
-    };
-    let mut seen = StreamSeen {
-        ttft_ns: 0,
-        event_ns: Vec::with_capacity(tokens),
-        sse_events: 0,
-    };
-    let mut first_token = None;
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| format!("body failed: {e}"))?;
-        let arrived = since(epoch);
-        let Ok(data) = frame.into_data() else {
-            continue;
-        };
-        splitter.feed(&data, |stamp| {
-            seen.sse_events += 1;
-            if let Some(stamp) = stamp {
-                first_token.get_or_insert(arrived);
-                seen.event_ns.push(arrived.saturating_sub(stamp));
-            }
-        });
-    }
-    if seen.event_ns.len() != tokens {
-        return Err(format!(
-            "{} of {tokens} tokens arrived",
-            seen.event_ns.len()
-        ));
-    }
-    seen.ttft_ns = first_token.map_or(0, |t| t - sent);
-    Ok(seen)
-}
-
-/// What one round of one way produced.
-#[derive(Default)]
-struct Tally {
-    ttft_ns: Vec<u64>,
-    /// TTFT split at the upstream's stamp on the first token: until it (the request reaching
-    /// the upstream, and its answer starting) and after it (the first token coming back).
-    request_leg_ns: Vec<u64>,
-    first_token_leg_ns: Vec<u64>,
-    event_ns: Vec<u64>,
-    /// Streams counted (outside the ramp).
-    streams: usize,
-    /// SSE events received, counted or not: what the proxy forwarded.
-    sse_events: u64,
-    /// Connections the upstream accepted during the round; after warm-up, a way that reuses
-    /// its connections opens none.
-    connections: u64,
-    failures: Vec<String>,
-}
-
-impl Tally {
-    fn absorb(&mut self, other: Tally) {
-        self.ttft_ns.extend(other.ttft_ns);
-        self.request_leg_ns.extend(other.request_leg_ns);
-        self.first_token_leg_ns.extend(other.first_token_leg_ns);
-        self.event_ns.extend(other.event_ns);
-        self.streams += other.streams;
-        self.sse_events += other.sse_events;
-        self.connections += other.connections;
-        self.failures.extend(other.failures);
-    }
-}
-
-/// One round: `level.streams` workers, their starts spread evenly over one stream's length so
-/// that the streams overlap as steady traffic would rather than arriving in one burst, each
-/// running `level.per_worker` streams back to back.
-async fn round(target: &Arc<Target>, level: &Level, params: &Params, epoch: Instant) -> Tally {
-    let stagger = level.stream_duration(params.events) / level.streams as u32;
-    let mut workers = JoinSet::new();
-    for worker in 0..level.streams {
-        let target = target.clone();
-        let (per_worker, ramp, tokens) = (level.per_worker, level.ramp, params.events);
-        let delay = stagger * worker as u32;
-        workers.spawn(async move {
-            tokio::time::sleep(delay).await;
-            let mut tally = Tally::default();
-            for i in 0..per_worker {
-                let counted = i >= ramp && i + ramp < per_worker;
-                let attempt = tokio::time::timeout(
-                    Duration::from_secs(60),
-                    stream_once(&target, epoch, tokens),
-                )
-                .await;
-                match attempt {
-                    Ok(Ok(seen)) => {
-                        tally.sse_events += seen.sse_events;
-                        if counted {
-                            tally.streams += 1;
-                            tally.ttft_ns.push(seen.ttft_ns);
-                            let first = seen.event_ns.first().copied().unwrap_or(0);
-                            tally
-                                .request_leg_ns
-                                .push(seen.ttft_ns.saturating_sub(first));
-                            tally.first_token_leg_ns.push(first);
-                            tally.event_ns.extend(seen.event_ns);
-                        }
-                    }
-                    Ok(Err(e)) => tally.failures.push(e),
-                    Err(_) => tally.failures.push("no end within 60 s".into()),
-                }
-            }
-            tally
-        });
-    }
-    let mut tally = Tally::default();
-    while let Some(done) = workers.join_next().await {
-        match done {
-            Ok(worker) => tally.absorb(worker),
-            Err(e) => tally.failures.push(format!("worker panicked: {e}")),
-        }
-    }
-    tally
+fn flag(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| !v.is_empty() && v != "0")
 }
 
 // ---------------------------------------------------------------------------------------------
 // The run.
 
-/// One way to the upstream, with the process (if any) it passes through.
-struct Way {
-    target: Arc<Target>,
-    /// The process whose CPU time the way's rounds are charged: the proxy or the relay.
-    pid: Option<u32>,
+/// Everything measured.
+struct Measured {
+    single: Vec<SingleUser>,
+    single_others: Option<(u64, u64)>,
+    levels: Vec<Level>,
+    perf: Vec<String>,
 }
 
-/// What one way produced at one level.
-#[derive(Default)]
-struct WayReport {
-    tally: Tally,
-    /// CPU ticks of the way's process during its counted rounds, and the SSE events it forwarded
-    /// in them (ramp streams included: it forwarded those too).
-    ticks: Option<u64>,
-    events: u64,
+/// One concurrency level: what each way did, and what the rest of the machine took meanwhile.
+struct Level {
+    streams: usize,
+    ways: Vec<Concurrent>,
+    others: Option<(u64, u64)>,
 }
 
-impl WayReport {
-    /// CPU time per 1,000 forwarded events, in nanoseconds.
-    fn cpu_per_1000_ns(&self, tick_ns: f64) -> Option<f64> {
-        let ticks = self.ticks?;
-        (self.events > 0).then(|| ticks as f64 * tick_ns / self.events as f64 * 1000.0)
+/// CPU ticks of this bench and every proxy, to subtract from the machine's busy time.
+fn our_ticks(ways: &[Arc<Way>]) -> Option<u64> {
+    std::iter::once(std::process::id())
+        .chain(ways.iter().filter_map(|w| w.pid))
+        .map(procfs::cpu_ticks)
+        .sum()
+}
+
+/// Busy ticks of other processes and all ticks of the machine between two readings.
+fn others_between(
+    before: Option<((u64, u64), u64)>,
+    after: Option<((u64, u64), u64)>,
+) -> Option<(u64, u64)> {
+    let (((busy0, all0), ours0), ((busy1, all1), ours1)) = (before?, after?);
+    Some((
+        (busy1 - busy0).saturating_sub(ours1 - ours0),
+        all1.saturating_sub(all0),
+    ))
+}
+
+async fn run(params: &Params, epoch: Instant, upstream: &Upstream, ways: &[Arc<Way>]) -> Measured {
+    let reading = || procfs::machine_ticks().zip(our_ticks(ways));
+    eprintln!(
+        "overhead bench: 1 user, {} + {} requests per way, alternating",
+        params.single_warmup, params.single_samples
+    );
+    let before = reading();
+    let single = load::single_user(
+        ways,
+        &params.single,
+        params.single_warmup,
+        params.single_samples,
+        epoch,
+    )
+    .await;
+    let single_others = others_between(before, reading());
+
+    let mut levels = Vec::new();
+    let mut perf = Vec::new();
+    for &streams in &params.levels {
+        eprintln!(
+            "overhead bench: {streams} streams, {} rounds of {} s per way",
+            params.rounds,
+            params.window.as_secs_f64()
+        );
+        let shape = RoundShape {
+            streams,
+            window: params.window,
+        };
+        let mut level = Level {
+            streams,
+            ways: ways.iter().map(|_| Concurrent::default()).collect(),
+            others: None,
+        };
+        let before = reading();
+        for round in 0..params.rounds {
+            for k in 0..ways.len() {
+                let i = (round + k) % ways.len();
+                let (done, _) = load::concurrent_round(
+                    &ways[i],
+                    &params.workload,
+                    &shape,
+                    epoch,
+                    upstream,
+                    None,
+                )
+                .await;
+                level.ways[i].absorb(done);
+            }
+        }
+        level.others = others_between(before, reading());
+        if let (Some(dir), true) = (&params.perf_dir, params.profiled_level() == Some(streams)) {
+            perf.extend(profile(dir, ways, params, &shape, epoch, upstream).await);
+        }
+        levels.push(level);
+    }
+    Measured {
+        single,
+        single_others,
+        levels,
+        perf,
     }
 }
 
-/// Everything measured at one level.
-struct LevelReport {
-    streams: usize,
-    /// Direct, proxied, and the relay if it ran, in that order.
-    ways: Vec<WayReport>,
-    peak_rss_kib: Option<u64>,
-    rss_after_kib: Option<u64>,
-    /// CPU ticks the rest of the machine took during the level, and the ticks there were.
-    others: Option<(u64, u64)>,
-    skipped: Option<String>,
-}
-
-async fn run(
+/// One extra round per proxy with `perf record -g` attached during its window; not counted,
+/// since perf's sampling is charged to the process it samples.
+async fn profile(
+    dir: &std::path::Path,
+    ways: &[Arc<Way>],
     params: &Params,
+    shape: &RoundShape,
     epoch: Instant,
     upstream: &Upstream,
-    proxy: &ProxyProcess,
-    relay: Option<&RelayProcess>,
-) -> Vec<LevelReport> {
-    let mut ways = vec![
-        Way {
-            target: Arc::new(Target::new(upstream.addr)),
-            pid: None,
-        },
-        Way {
-            target: Arc::new(Target::new(proxy.listen)),
-            pid: Some(proxy.pid()),
-        },
-    ];
-    if let Some(relay) = relay {
-        ways.push(Way {
-            target: Arc::new(Target::new(relay.listen)),
-            pid: Some(relay.child.id()),
-        });
+) -> Vec<String> {
+    let mut notes = Vec::new();
+    if let Err(e) = std::fs::create_dir_all(dir) {
+        return vec![format!("perf: cannot create {}: {e}", dir.display())];
     }
-    let mut reports = Vec::new();
-    for level in &params.levels {
-        let mut report = LevelReport {
-            streams: level.streams,
-            ways: ways.iter().map(|_| WayReport::default()).collect(),
-            peak_rss_kib: None,
-            rss_after_kib: None,
-            others: None,
-            skipped: None,
+    for way in ways.iter().filter(|w| w.pid.is_some()) {
+        let base = format!("{}-{}", way.name, shape.streams);
+        let request = PerfRequest {
+            record: dir.join(format!("{base}.perf.data")),
+            stat: dir.join(format!("{base}.stat.csv")),
         };
-        // Every pool stays open, and this process holds both ends of every connection to the
-        // upstream: two descriptors per stream and way, and two more for each hop's upstream
-        // side.
-        if let Err(why) = ensure_open_files(4 * ways.len() as u64 * level.streams as u64 + 64) {
-            report.skipped = Some(why);
-            reports.push(report);
+        eprintln!(
+            "overhead bench: perf record of {} into {}",
+            way.name,
+            request.record.display()
+        );
+        let (round, children) = load::concurrent_round(
+            way,
+            &params.workload,
+            shape,
+            epoch,
+            upstream,
+            Some(&request),
+        )
+        .await;
+        let mut ok = true;
+        for child in children {
+            match child.and_then(|mut c| c.wait().map_err(|e| e.to_string())) {
+                Ok(status) if status.success() => {}
+                Ok(status) => {
+                    ok = false;
+                    notes.push(format!("perf on {} ended with {status}", way.name));
+                }
+                Err(e) => {
+                    ok = false;
+                    notes.push(format!("perf on {}: {e}", way.name));
+                }
+            }
+        }
+        if !ok {
             continue;
         }
-        upstream
-            .interval_us
-            .store(level.interval.as_micros() as u64, Ordering::Relaxed);
-        eprintln!(
-            "overhead bench: {} stream(s), tokens {} µs apart: {} warm-up and {} counted rounds per way",
-            level.streams,
-            level.interval.as_micros(),
-            level.warmup_rounds,
-            level.rounds
-        );
-        let ours = || {
-            let pids = [
-                Some(std::process::id()),
-                Some(proxy.pid()),
-                relay.map(|r| r.child.id()),
-            ];
-            pids.into_iter()
-                .flatten()
-                .map(cpu_ticks)
-                .sum::<Option<u64>>()
-        };
-        let before = machine_ticks().zip(ours());
-        // Warm-up opens the pools (the proxy's to the upstream too) and pages the code in.
-        for _ in 0..level.warmup_rounds {
-            for way in &ways {
-                let _ = round(&way.target, level, params, epoch).await;
-            }
-        }
-        for (way, out) in ways.iter().zip(&mut report.ways) {
-            out.ticks = way.pid.map(|_| 0);
-        }
-        for _ in 0..level.rounds {
-            for (way, out) in ways.iter().zip(&mut report.ways) {
-                let before = way.pid.and_then(cpu_ticks);
-                let accepted = upstream.accepted();
-                let mut tally = round(&way.target, level, params, epoch).await;
-                tally.connections = upstream.accepted() - accepted;
-                let after = way.pid.and_then(cpu_ticks);
-                out.ticks = match (out.ticks, before, after) {
-                    (Some(sum), Some(b), Some(a)) => Some(sum + a.saturating_sub(b)),
-                    _ => None,
-                };
-                out.events += tally.sse_events;
-                out.tally.absorb(tally);
-            }
-        }
-        report.others = match (before, machine_ticks().zip(ours())) {
-            (Some(((busy0, all0), ours0)), Some(((busy1, all1), ours1))) => {
-                Some(((busy1 - busy0).saturating_sub(ours1 - ours0), all1 - all0))
-            }
-            _ => None,
-        };
-        report.peak_rss_kib = proc_status_kib(proxy.pid(), "VmHWM:");
-        report.rss_after_kib = proc_status_kib(proxy.pid(), "VmRSS:");
-        reports.push(report);
+        let per_frame: Vec<String> = load::perf_stat_counts(&request.stat)
+            .into_iter()
+            .map(|(event, count)| {
+                format!(
+                    "{:.2} {event}",
+                    count as f64 / round.events_in_window.max(1) as f64
+                )
+            })
+            .collect();
+        notes.push(format!(
+            "perf: {} at {} streams, per frame delivered: {}; profile in {} (`perf report -i {} --no-children`)",
+            way.name,
+            shape.streams,
+            per_frame.join(", "),
+            request.record.display(),
+            request.record.display()
+        ));
     }
-    reports
+    notes
 }
 
 // ---------------------------------------------------------------------------------------------
 // The report.
 
+/// What the report needs besides the measurements.
+struct Context<'a> {
+    load_before: Option<String>,
+    load_after: Option<String>,
+    nginx_version: Option<String>,
+    nginx_missing: Option<String>,
+    proxies: &'a [(&'static str, &'a ProxyProcess)],
+    after_rss: Vec<(&'a str, Option<u64>)>,
+    took: Duration,
+}
+
 /// The p-th percentile with linear interpolation between the two nearest ranks (numpy's
 /// default), over exact samples.
-fn percentile(sorted: &[u64], p: f64) -> Option<f64> {
+fn percentile(samples: &[u64], p: f64) -> Option<f64> {
+    let mut sorted = samples.to_vec();
+    sorted.sort_unstable();
     let last = sorted.len().checked_sub(1)?;
     let rank = p / 100.0 * last as f64;
     let (lo, hi) = (rank.floor() as usize, rank.ceil() as usize);
     let (a, b) = (sorted[lo] as f64, sorted[hi] as f64);
     Some(a + (b - a) * (rank - lo as f64))
-}
-
-/// p50 and p99 of some samples, in nanoseconds.
-#[derive(Clone, Copy)]
-struct Pair {
-    p50: f64,
-    p99: f64,
-}
-
-impl Pair {
-    fn of(samples: &[u64]) -> Option<Pair> {
-        let mut sorted = samples.to_vec();
-        sorted.sort_unstable();
-        Some(Pair {
-            p50: percentile(&sorted, 50.0)?,
-            p99: percentile(&sorted, 99.0)?,
-        })
-    }
-
-    /// What the way sampled in `a` adds over the one sampled in `base`, percentile by percentile.
-    fn added(a: &[u64], base: &[u64]) -> Option<Pair> {
-        let (a, base) = (Pair::of(a)?, Pair::of(base)?);
-        Some(Pair {
-            p50: a.p50 - base.p50,
-            p99: a.p99 - base.p99,
-        })
-    }
 }
 
 /// A duration given in nanoseconds, to two or three significant figures.
@@ -1039,12 +428,40 @@ fn human(ns: f64) -> String {
     }
 }
 
-fn human_opt(ns: Option<f64>) -> String {
-    ns.map_or_else(|| "n/a".into(), human)
+fn signed(ns: f64) -> String {
+    if ns >= 0.0 {
+        format!("+{}", human(ns))
+    } else {
+        format!("−{}", human(-ns))
+    }
 }
 
-fn mib(kib: Option<u64>) -> String {
-    kib.map_or_else(|| "n/a".into(), |k| format!("{:.1}", k as f64 / 1024.0))
+fn or_na(value: Option<String>) -> String {
+    value.unwrap_or_else(|| "n/a".into())
+}
+
+fn mib(kib: u64) -> String {
+    format!("{:.1}", kib as f64 / 1024.0)
+}
+
+/// A whole number with thousands separated by commas.
+fn thousands(n: f64) -> String {
+    let digits = format!("{:.0}", n.max(0.0));
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn ratio(tokenmeter: Option<f64>, nginx: Option<f64>) -> String {
+    match (tokenmeter, nginx) {
+        (Some(t), Some(n)) if n > 0.0 => format!("{:.2}", t / n),
+        _ => "n/a".into(),
+    }
 }
 
 fn verdict(met: bool) -> &'static str {
@@ -1055,206 +472,385 @@ fn verdict(met: bool) -> &'static str {
     }
 }
 
-fn print_report(
-    params: &Params,
-    reports: &[LevelReport],
-    proxy: &ProxyProcess,
-    relayed: bool,
-    took: Duration,
-) {
-    let tick_ns = 1e9 / clock_ticks_per_second() as f64;
+/// One row of the main table: a label, a value per way (already formatted) and the numbers the
+/// ratio is taken of.
+struct Row {
+    label: String,
+    cells: Vec<String>,
+    tokenmeter: Option<f64>,
+    nginx: Option<f64>,
+}
+
+fn print_report(params: &Params, measured: &Measured, context: &Context) {
+    let tick_s = 1.0 / procfs::clock_ticks_per_second() as f64;
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let measured = || reports.iter().filter(|r| r.skipped.is_none());
-    let names = ["direct", "proxied", "relayed"];
-    println!();
-    println!("## Overhead (`cargo bench --bench overhead`)");
-    println!();
-    println!("| concurrent streams | added TTFT p50 | added TTFT p99 | added per-event p50 | added per-event p99 | proxy CPU per 1,000 events | proxy RSS idle / peak |");
-    println!("|---|---|---|---|---|---|---|");
-    for r in reports {
-        if let Some(why) = &r.skipped {
-            println!("| {} | skipped: {why} | | | | | |", r.streams);
-            continue;
-        }
-        let (direct, proxied) = (&r.ways[0], &r.ways[1]);
-        let ttft = Pair::added(&proxied.tally.ttft_ns, &direct.tally.ttft_ns);
-        let event = Pair::added(&proxied.tally.event_ns, &direct.tally.event_ns);
-        let cpu = proxied
-            .cpu_per_1000_ns(tick_ns)
-            .map_or_else(|| "n/a".into(), |ns| format!("{:.1} ms", ns / 1e6));
-        println!(
-            "| {} | {} | {} | {} | {} | {} | {} / {} MiB |",
-            r.streams,
-            human_opt(ttft.map(|p| p.p50)),
-            human_opt(ttft.map(|p| p.p99)),
-            human_opt(event.map(|p| p.p50)),
-            human_opt(event.map(|p| p.p99)),
-            cpu,
-            mib(proxy.idle_rss_kib),
-            mib(r.peak_rss_kib),
+    let names: Vec<&str> = std::iter::once("direct")
+        .chain(context.proxies.iter().map(|(name, _)| *name))
+        .collect();
+    let index = |name: &str| names.iter().position(|n| *n == name);
+    let (nginx_at, tokenmeter_at) = (index("nginx"), index("tokenmeter"));
+    let pick = |values: &[Option<f64>], at: Option<usize>| at.and_then(|i| values[i]);
+    let mut rows: Vec<Row> = Vec::new();
+    let mut push = |label: String, values: Vec<Option<f64>>, cells: Vec<String>| {
+        rows.push(Row {
+            label,
+            tokenmeter: pick(&values, tokenmeter_at),
+            nginx: pick(&values, nginx_at),
+            cells,
+        });
+    };
+
+    // 1. Added TTFT at one user: direct is the baseline, the others what they add to it.
+    for (p, name) in [(50.0, "p50"), (99.0, "p99")] {
+        let of: Vec<Option<f64>> = measured
+            .single
+            .iter()
+            .map(|w| percentile(&w.ttft_ns, p))
+            .collect();
+        let base = of[0];
+        let added: Vec<Option<f64>> = of.iter().map(|v| v.zip(base).map(|(v, b)| v - b)).collect();
+        let cells = of
+            .iter()
+            .zip(&added)
+            .enumerate()
+            .map(|(i, (v, a))| {
+                if i == 0 {
+                    or_na(v.map(|v| format!("{} (baseline)", human(v))))
+                } else {
+                    or_na(a.map(signed))
+                }
+            })
+            .collect();
+        push(format!("added TTFT {name}, 1 user"), added, cells);
+    }
+    // 2. Proxy CPU per 1,000 frames.
+    for level in &measured.levels {
+        let values: Vec<Option<f64>> = level
+            .ways
+            .iter()
+            .map(|w| w.proxy_cpu_per_1000(tick_s))
+            .collect();
+        let cells = values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| match (i, v) {
+                (0, _) => "—".to_string(),
+                (_, v) => or_na(v.map(|v| format!("{v:.4}"))),
+            })
+            .collect();
+        push(
+            format!(
+                "CPU seconds per 1,000 frames, {} streams",
+                thousands(level.streams as f64)
+            ),
+            values,
+            cells,
         );
     }
-    for r in measured() {
-        if let Some((others, all)) = r.others.filter(|(o, a)| *o * 20 > *a) {
+    // 3. Proxy RSS: idle, then while each level's streams were open.
+    let mut idle: Vec<Option<f64>> = vec![None];
+    idle.extend(
+        context
+            .proxies
+            .iter()
+            .map(|(_, p)| p.idle_rss_kib.map(|k| k as f64)),
+    );
+    let rss_cells = |values: &[Option<f64>]| -> Vec<String> {
+        values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| match (i, v) {
+                (0, _) => "—".to_string(),
+                (_, v) => or_na(v.map(|k| mib(k as u64))),
+            })
+            .collect()
+    };
+    push("RSS idle, MiB".into(), idle.clone(), rss_cells(&idle));
+    for level in &measured.levels {
+        let values: Vec<Option<f64>> = level
+            .ways
+            .iter()
+            .map(|w| w.max_rss_kib.map(|k| k as f64))
+            .collect();
+        push(
+            format!("RSS at {} streams, MiB", thousands(level.streams as f64)),
+            values.clone(),
+            rss_cells(&values),
+        );
+    }
+    // 4. Saturation: the top level's delivery and stalls.
+    let top = measured.levels.iter().max_by_key(|l| l.streams);
+    if let Some(level) = top {
+        let paced = level.streams as f64 * events_per_stream(params) as f64
+            / params.workload.stream_length().as_secs_f64().max(1e-3);
+        let values: Vec<Option<f64>> = level.ways.iter().map(|w| w.events_per_second()).collect();
+        let cells = values.iter().map(|v| or_na(v.map(thousands))).collect();
+        push(
+            format!(
+                "{} streams on {cores} cores: frames/s delivered (paced: {})",
+                thousands(level.streams as f64),
+                thousands(paced)
+            ),
+            values,
+            cells,
+        );
+        let values: Vec<Option<f64>> = level.ways.iter().map(|w| w.gapped_share()).collect();
+        let cells = values
+            .iter()
+            .map(|v| or_na(v.map(|s| format!("{:.1} %", 100.0 * s))))
+            .collect();
+        push(
+            format!(
+                "{} streams: streams with a gap > 2× the pace ({} ms)",
+                thousands(level.streams as f64),
+                2 * params.workload.interval.as_millis()
+            ),
+            values,
+            cells,
+        );
+    }
+
+    println!();
+    println!("## Overhead against nginx (`cargo bench --bench overhead`)");
+    println!();
+    println!("| figure | {} | tokenmeter / nginx |", names.join(" | "));
+    println!("|---|{}---|", "---|".repeat(names.len()));
+    for row in &rows {
+        println!(
+            "| {} | {} | {} |",
+            row.label,
+            row.cells.join(" | "),
+            ratio(row.tokenmeter, row.nginx)
+        );
+    }
+    if let Some(why) = &context.nginx_missing {
+        println!();
+        println!("**nginx is missing from this run:** {why}.");
+    }
+    for (streams, others) in measured
+        .levels
+        .iter()
+        .map(|l| (format!("{}-stream level", l.streams), l.others))
+        .chain(std::iter::once((
+            "one-user level".to_string(),
+            measured.single_others,
+        )))
+    {
+        if let Some((others, all)) = others.filter(|(o, a)| *o * 20 > *a) {
             println!();
             println!(
-                "**Not clean:** other processes took {:.0}% of the machine during the {}-stream level.",
-                100.0 * others as f64 / all.max(1) as f64,
-                r.streams
-            );
-        }
-    }
-    println!();
-    println!("Added = proxied − direct, percentile by percentile. Raw percentiles:");
-    println!();
-    println!("| streams | way | streams counted | TTFT p50 | TTFT p99 | TTFT's request leg p50 | TTFT's first-token leg p50 | tokens counted | per-event p50 | per-event p99 | upstream connections opened | failed streams |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
-    for r in measured() {
-        for (name, way) in names.iter().zip(&r.ways) {
-            let ttft = Pair::of(&way.tally.ttft_ns);
-            let event = Pair::of(&way.tally.event_ns);
-            let p50 = |samples: &[u64]| human_opt(Pair::of(samples).map(|p| p.p50));
-            println!(
-                "| {} | {name} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-                r.streams,
-                way.tally.streams,
-                human_opt(ttft.map(|p| p.p50)),
-                human_opt(ttft.map(|p| p.p99)),
-                p50(&way.tally.request_leg_ns),
-                p50(&way.tally.first_token_leg_ns),
-                way.tally.event_ns.len(),
-                human_opt(event.map(|p| p.p50)),
-                human_opt(event.map(|p| p.p99)),
-                way.tally.connections,
-                way.tally.failures.len(),
-            );
-        }
-    }
-    if relayed {
-        println!();
-        println!("For scale, a bare TCP relay process (tokio `copy_bidirectional`) in the proxy's place: what the hop alone adds over direct, and what tokenmeter adds over the bare hop:");
-        println!();
-        println!("| streams | relay adds TTFT p50 / p99 | relay adds per-event p50 / p99 | relay CPU per 1,000 events | tokenmeter over relay TTFT p50 / p99 | tokenmeter over relay per-event p50 / p99 |");
-        println!("|---|---|---|---|---|---|");
-        for r in measured() {
-            let (direct, proxied, relay) = (&r.ways[0], &r.ways[1], &r.ways[2]);
-            let pair = |p: Option<Pair>| {
-                format!(
-                    "{} / {}",
-                    human_opt(p.map(|p| p.p50)),
-                    human_opt(p.map(|p| p.p99))
-                )
-            };
-            println!(
-                "| {} | {} | {} | {} | {} | {} |",
-                r.streams,
-                pair(Pair::added(&relay.tally.ttft_ns, &direct.tally.ttft_ns)),
-                pair(Pair::added(&relay.tally.event_ns, &direct.tally.event_ns)),
-                relay
-                    .cpu_per_1000_ns(tick_ns)
-                    .map_or_else(|| "n/a".into(), |ns| format!("{:.1} ms", ns / 1e6)),
-                pair(Pair::added(&proxied.tally.ttft_ns, &relay.tally.ttft_ns)),
-                pair(Pair::added(&proxied.tally.event_ns, &relay.tally.event_ns)),
-            );
-        }
-    }
-    println!();
-    println!("Targets (reported, not enforced):");
-    for r in measured() {
-        let (direct, proxied) = (&r.ways[0].tally, &r.ways[1].tally);
-        let judge = |value: Option<f64>, target: f64| match value {
-            Some(v) => format!("{} ({})", human(v), verdict(v <= target)),
-            None => "n/a".into(),
-        };
-        println!(
-            "- {} stream(s): added TTFT p99 ≤ 100 µs: {}; added per-event p99 ≤ 5 µs: {}",
-            r.streams,
-            judge(
-                Pair::added(&proxied.ttft_ns, &direct.ttft_ns).map(|p| p.p99),
-                TARGET_TTFT_P99_NS
-            ),
-            judge(
-                Pair::added(&proxied.event_ns, &direct.event_ns).map(|p| p.p99),
-                TARGET_EVENT_P99_NS
-            ),
-        );
-    }
-    match proxy.idle_rss_kib {
-        Some(kib) => println!(
-            "- proxy RSS idle ≤ 32 MiB: {} MiB ({})",
-            mib(Some(kib)),
-            verdict(kib <= TARGET_IDLE_RSS_KIB)
-        ),
-        None => println!("- proxy RSS idle ≤ 32 MiB: n/a (no /proc)"),
-    }
-    println!();
-    println!("Run:");
-    println!(
-        "- {} tokens per stream, plus {FRAMING_EVENTS} more SSE events (role, finish, usage, [DONE]); the first token follows the role chunk at once, each later one waits the level's interval",
-        params.events
-    );
-    for (level, r) in params.levels.iter().zip(reports) {
-        if r.skipped.is_some() {
-            continue;
-        }
-        let round = if level.streams == 1 && level.per_worker == 1 {
-            "a round is one stream".to_string()
-        } else {
-            format!(
-                "a round is {} workers each running {} streams back to back, their starts spread over one stream's length; each worker's first {} and last {} not counted (ramp)",
-                level.streams, level.per_worker, level.ramp, level.ramp
-            )
-        };
-        println!(
-            "- {} stream(s), tokens {} µs apart: {} warm-up + {} counted rounds per way, alternating direct, proxied{} round by round; {round}",
-            level.streams,
-            level.interval.as_micros(),
-            level.warmup_rounds,
-            level.rounds,
-            if relayed { ", relayed" } else { "" },
-        );
-        println!(
-            "  proxy CPU: {} ticks of {:.0} ms over {} SSE events forwarded; proxy RSS after the level {} MiB",
-            r.ways[1]
-                .ticks
-                .map_or_else(|| "n/a".into(), |t| t.to_string()),
-            tick_ns / 1e6,
-            r.ways[1].events,
-            mib(r.rss_after_kib),
-        );
-    }
-    println!(
-        "- {cores} core(s) shared by the proxy, the upstream and the clients, all on loopback{}",
-        if params.quick { "; QUICK run" } else { "" }
-    );
-    println!(
-        "- CPU time is utime + stime from /proc/<pid>/stat; idle RSS is VmRSS before any load, peak is VmHWM after the level"
-    );
-    for r in measured() {
-        if let Some((others, all)) = r.others {
-            println!(
-                "- other processes (and hypervisor steal) took {:.1} CPU-s of {:.1} during the {}-stream level ({:.1}%); the numbers are clean only when this is near 0",
-                others as f64 * tick_ns / 1e9,
-                all as f64 * tick_ns / 1e9,
-                r.streams,
+                "**Not clean:** other processes took {:.0} % of the machine during the {streams}.",
                 100.0 * others as f64 / all.max(1) as f64
             );
         }
     }
-    println!("- took {:.0} s", took.as_secs_f64());
-    for r in reports {
-        for (name, way) in names.iter().zip(&r.ways) {
-            for failure in way.tally.failures.iter().take(5) {
-                println!(
-                    "- failed {name} stream at {} stream(s): {failure}",
-                    r.streams
-                );
-            }
+
+    println!();
+    println!(
+        "One user, {} requests per way (raw):",
+        params.single_samples
+    );
+    println!();
+    println!("| way | TTFT p50 | TTFT p99 | request leg p50 | first-token leg p50 | per-event p50 | per-event p99 | failed |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for (name, way) in names.iter().zip(&measured.single) {
+        let at = |samples: &[u64], p| or_na(percentile(samples, p).map(human));
+        println!(
+            "| {name} | {} | {} | {} | {} | {} | {} | {} |",
+            at(&way.ttft_ns, 50.0),
+            at(&way.ttft_ns, 99.0),
+            at(&way.request_leg_ns, 50.0),
+            at(&way.first_token_leg_ns, 50.0),
+            at(&way.event_ns, 50.0),
+            at(&way.event_ns, 99.0),
+            way.failures.len(),
+        );
+    }
+    println!();
+    println!(
+        "Concurrent streams, per way (raw; frames are SSE events as the clients received them):"
+    );
+    println!();
+    println!("| streams | way | frames/s | proxy CPU s per 1,000 | bench CPU s per 1,000 | proxy RSS MiB | streams counted | with a gap > 2× pace | TTFT p50 | TTFT p99 | per-event p50 | per-event p99 | upstream connections opened | failed |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for level in &measured.levels {
+        for (name, way) in names.iter().zip(&level.ways) {
+            let at = |samples: &[u64], p| or_na(percentile(samples, p).map(human));
+            println!(
+                "| {} | {name} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                level.streams,
+                or_na(way.events_per_second().map(thousands)),
+                or_na(way.proxy_cpu_per_1000(tick_s).map(|v| format!("{v:.4}"))),
+                or_na(way.bench_cpu_per_1000(tick_s).map(|v| format!("{v:.4}"))),
+                or_na(way.max_rss_kib.map(mib)),
+                way.streams,
+                or_na(way.gapped_share().map(|s| format!("{:.1} %", 100.0 * s))),
+                at(&way.ttft_ns, 50.0),
+                at(&way.ttft_ns, 99.0),
+                at(&way.event_ns, 50.0),
+                at(&way.event_ns, 99.0),
+                way.connections,
+                way.failures.len(),
+            );
         }
     }
-    if let Ok(complaints) = proxy.complaints.lock() {
-        for line in complaints.iter() {
-            println!("- proxy logged: {line}");
+
+    print_targets(&rows, measured, context, nginx_at, tokenmeter_at);
+
+    println!();
+    println!("Run:");
+    println!(
+        "- one user: {} warm-up + {} counted requests per way, the ways alternating request by request (order rotated each round); {} tokens {} ms apart per request (TTFT does not depend on the pace: the first token follows the role chunk at once)",
+        params.single_warmup,
+        params.single_samples,
+        params.single.tokens,
+        params.single.interval.as_millis()
+    );
+    let (events, bytes) = measured
+        .levels
+        .iter()
+        .flat_map(|l| &l.ways)
+        .fold((0, 0), |(e, b), w| (e + w.events, b + w.bytes));
+    println!(
+        "- concurrent levels: each stream is {} SSE frames (role, {} tokens {} ms apart, finish, usage, `[DONE]`), compact OpenAI chat chunks of {} B on average, a token chunk carrying a ~4 B delta and its send stamp; one worker per stream, each running streams back to back, the workers' starts spread over one stream's length",
+        events_per_stream(params),
+        params.workload.tokens,
+        params.workload.interval.as_millis(),
+        bytes.checked_div(events).unwrap_or(0),
+    );
+    println!(
+        "- per level and way: {} round(s), each with a {} s window that opens 1.25 stream lengths after the round starts (all streams running); the ways rotate round by round. CPU is utime + stime from /proc/PID/stat over the window (ticks of {:.0} ms) divided by the frames delivered in it; RSS is the largest of five VmRSS readings in the window; a stream counts towards the gap share if it started and ended inside a window",
+        params.rounds,
+        params.window.as_secs_f64(),
+        tick_s * 1e3
+    );
+    println!(
+        "- nginx: {}, one process (master_process off, one worker), upstream keepalive {}, proxy_http_version 1.1, Connection \"\", proxy_buffering off, access_log off",
+        or_na(context.nginx_version.clone()),
+        params.levels.iter().copied().max().unwrap_or(0).max(16)
+    );
+    println!("- tokenmeter: this build's release binary on its embedded defaults (metrics and the live view on, no access log)");
+    println!(
+        "- {cores} core(s) shared by the proxies, the mock upstream and the load generator, all on loopback{}",
+        if params.quick { "; QUICK run" } else { "" }
+    );
+    println!(
+        "- load average before and after: {} / {}",
+        or_na(context.load_before.clone()),
+        or_na(context.load_after.clone())
+    );
+    for (what, others) in
+        std::iter::once(("the one-user level".to_string(), measured.single_others)).chain(
+            measured
+                .levels
+                .iter()
+                .map(|l| (format!("the {}-stream level", l.streams), l.others)),
+        )
+    {
+        if let Some((others, all)) = others {
+            println!(
+                "- other processes (and hypervisor steal) took {:.1} CPU-s of {:.1} during {what} ({:.1} %)",
+                others as f64 * tick_s,
+                all as f64 * tick_s,
+                100.0 * others as f64 / all.max(1) as f64
+            );
         }
+    }
+    let after: Vec<String> = context
+        .after_rss
+        .iter()
+        .map(|(name, kib)| format!("{name} {} MiB", or_na(kib.map(mib))))
+        .collect();
+    println!(
+        "- RSS after the run, idle with the clients' keep-alive connections still open: {}",
+        after.join(", ")
+    );
+    println!("- took {:.0} s", context.took.as_secs_f64());
+    for note in &measured.perf {
+        println!("- {note}");
+    }
+    let failures = measured
+        .single
+        .iter()
+        .zip(&names)
+        .flat_map(|(w, name)| w.failures.iter().map(move |f| (name.to_string(), f)))
+        .chain(measured.levels.iter().flat_map(|l| {
+            l.ways.iter().zip(&names).flat_map(move |(w, name)| {
+                w.failures
+                    .iter()
+                    .map(move |f| (format!("{name} at {} streams", l.streams), f))
+            })
+        }));
+    for (at, failure) in failures.take(10) {
+        println!("- failed stream, {at}: {failure}");
+    }
+    for (name, proxy) in context.proxies {
+        for line in proxy.complaints.lines() {
+            println!("- {name} logged: {line}");
+        }
+    }
+}
+
+/// SSE events in one stream of the concurrent levels.
+fn events_per_stream(params: &Params) -> usize {
+    params.workload.tokens + FRAMING_EVENTS
+}
+
+/// Issue 12's targets for tokenmeter against nginx, reported, not enforced.
+fn print_targets(
+    rows: &[Row],
+    measured: &Measured,
+    context: &Context,
+    nginx_at: Option<usize>,
+    tokenmeter_at: Option<usize>,
+) {
+    let (Some(n), Some(t)) = (nginx_at, tokenmeter_at) else {
+        return;
+    };
+    println!();
+    println!("Targets (issue 12; reported, not enforced):");
+    let compare = |row: &Row, within: f64| match (row.tokenmeter, row.nginx) {
+        (Some(tv), Some(nv)) => verdict(tv <= nv + within),
+        _ => "n/a",
+    };
+    for row in rows {
+        let label = row.label.as_str();
+        let target = if label.starts_with("added TTFT p50") {
+            Some(("≤ nginx's + 25 µs", compare(row, 25_000.0)))
+        } else if label.starts_with("added TTFT p99") || label.starts_with("CPU seconds") {
+            Some(("≤ nginx's", compare(row, 0.0)))
+        } else if label.contains("frames/s delivered") {
+            let met = match (row.tokenmeter, row.nginx) {
+                (Some(tv), Some(nv)) => verdict(tv >= nv),
+                _ => "n/a",
+            };
+            Some(("≥ nginx's", met))
+        } else if label.contains("gap >") {
+            Some(("no more than nginx's", compare(row, 0.0)))
+        } else {
+            None
+        };
+        if let Some((goal, met)) = target {
+            println!("- {label} {goal}: {met}");
+        }
+    }
+    // RSS per open stream: what each level's streams added over idle, per stream.
+    let idle = |at: usize| context.proxies[at - 1].1.idle_rss_kib;
+    for level in &measured.levels {
+        let per_stream = |at: usize| -> Option<f64> {
+            let open = level.ways[at].max_rss_kib? as f64;
+            Some((open - idle(at)? as f64) / level.streams as f64)
+        };
+        let (nv, tv) = (per_stream(n), per_stream(t));
+        println!(
+            "- RSS per open stream at {} streams ≤ nginx's: tokenmeter {} KiB, nginx {} KiB: {}",
+            level.streams,
+            or_na(tv.map(|v| format!("{v:.1}"))),
+            or_na(nv.map(|v| format!("{v:.1}"))),
+            match (tv, nv) {
+                (Some(tv), Some(nv)) => verdict(tv <= nv),
+                _ => "n/a",
+            }
+        );
     }
 }

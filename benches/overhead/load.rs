@@ -1,0 +1,471 @@
+//! The overhead bench's load generator: HTTP/1.1 clients with a keep-alive pool per way, one
+//! stream read to its end with every SSE event timed on arrival, and the two shapes of load the
+//! report needs: one user alternating between the ways request by request, and N concurrent
+//! streams held for a measuring window while the proxy's CPU time and RSS are sampled.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::CONTENT_TYPE;
+use http::{Request, StatusCode, Uri};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use memchr::memmem;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use crate::procfs;
+use crate::upstream::{Upstream, INTERVAL_HEADER, SENT_KEY};
+
+type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+/// One way to the upstream: straight, or through a proxy process. Each has its own connection
+/// pool, which stays open for the whole run as a client's would.
+pub(crate) struct Way {
+    pub(crate) name: &'static str,
+    client: HttpClient,
+    uri: Uri,
+    /// The process the way passes through, whose CPU time and RSS are its cost.
+    pub(crate) pid: Option<u32>,
+}
+
+impl Way {
+    pub(crate) fn new(name: &'static str, addr: SocketAddr, pid: Option<u32>) -> Way {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        Way {
+            name,
+            client: Client::builder(TokioExecutor::new()).build(connector),
+            uri: format!("http://{addr}/v1/chat/completions")
+                .parse()
+                .expect("a socket address makes a valid URI"),
+            pid,
+        }
+    }
+}
+
+/// What each stream asks the upstream for.
+#[derive(Clone)]
+pub(crate) struct Workload {
+    pub(crate) tokens: usize,
+    pub(crate) interval: Duration,
+    body: Bytes,
+}
+
+impl Workload {
+    pub(crate) fn new(tokens: usize, interval: Duration) -> Workload {
+        let body = format!(
+            r#"{{"model":"bench","messages":[{{"role":"user","content":"Tell me a story."}}],"stream":true,"stream_options":{{"include_usage":true}},"max_tokens":{tokens}}}"#
+        );
+        Workload {
+            tokens,
+            interval,
+            body: Bytes::from(body),
+        }
+    }
+
+    /// How long one stream takes on its own: the first token comes at once, each later one
+    /// an interval after the one before.
+    pub(crate) fn stream_length(&self) -> Duration {
+        self.interval * (self.tokens.saturating_sub(1)) as u32
+    }
+}
+
+/// What one stream saw; times are nanoseconds since the bench's epoch.
+pub(crate) struct StreamSeen {
+    pub(crate) sent_ns: u64,
+    pub(crate) ended_ns: u64,
+    /// From just before the request was sent to the arrival of the first token.
+    pub(crate) ttft_ns: u64,
+    /// For each token, its arrival minus the upstream's stamp.
+    pub(crate) event_ns: Vec<u64>,
+    /// The longest time between two consecutive tokens' arrivals.
+    pub(crate) max_gap_ns: u64,
+    /// Every SSE event received, tokens and framing alike, and their bytes.
+    pub(crate) events: u64,
+    pub(crate) bytes: u64,
+    /// The events that arrived inside the measuring window.
+    pub(crate) events_in_window: u64,
+}
+
+fn since(epoch: Instant) -> u64 {
+    epoch.elapsed().as_nanos() as u64
+}
+
+fn sent_stamp(event: &[u8]) -> Option<u64> {
+    let at = memmem::find(event, SENT_KEY)? + SENT_KEY.len();
+    let digits = &event[at..];
+    let len = digits.iter().take_while(|b| b.is_ascii_digit()).count();
+    std::str::from_utf8(&digits[..len]).ok()?.parse().ok()
+}
+
+/// Sends one chat completion request along `way` and reads its stream to the end, splitting the
+/// bytes into SSE events whichever frames they arrive in (hyper hands a chunk on in pieces if it
+/// arrived in pieces, and two events may share a frame). Events arriving within `window`
+/// (`[start, end)` since the epoch) are counted apart.
+pub(crate) async fn stream_once(
+    way: &Way,
+    workload: &Workload,
+    epoch: Instant,
+    window: (u64, u64),
+) -> Result<StreamSeen, String> {
+    let request = Request::post(way.uri.clone())
+        .header(CONTENT_TYPE, "application/json")
+        .header(INTERVAL_HEADER, workload.interval.as_micros().to_string())
+        .body(Full::new(workload.body.clone()))
+        .map_err(|e| e.to_string())?;
+    let sent_ns = since(epoch);
+    let response = way
+        .client
+        .request(request)
+        .await
+        .map_err(|e| format!("request failed: {e}"))?;
+    if response.status() != StatusCode::OK {
+        return Err(format!("status {}", response.status()));
+    }
+    let mut body = response.into_body();
+    let mut pending: Vec<u8> = Vec::with_capacity(512);
+    let mut seen = StreamSeen {
+        sent_ns,
+        ended_ns: 0,
+        ttft_ns: 0,
+        event_ns: Vec::with_capacity(workload.tokens),
+        max_gap_ns: 0,
+        events: 0,
+        bytes: 0,
+        events_in_window: 0,
+    };
+    let mut last_token: Option<u64> = None;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| format!("body failed: {e}"))?;
+        let arrived = since(epoch);
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        seen.bytes += data.len() as u64;
+        pending.extend_from_slice(&data);
+        let mut start = 0;
+        while let Some(end) = memmem::find(&pending[start..], b"\n\n") {
+            let event = &pending[start..start + end];
+            seen.events += 1;
+            if (window.0..window.1).contains(&arrived) {
+                seen.events_in_window += 1;
+            }
+            if let Some(stamp) = sent_stamp(event) {
+                match last_token {
+                    None => seen.ttft_ns = arrived.saturating_sub(sent_ns),
+                    Some(last) => seen.max_gap_ns = seen.max_gap_ns.max(arrived - last),
+                }
+                last_token = Some(arrived);
+                seen.event_ns.push(arrived.saturating_sub(stamp));
+            }
+            start += end + 2;
+        }
+        pending.drain(..start);
+    }
+    seen.ended_ns = since(epoch);
+    if seen.event_ns.len() != workload.tokens {
+        return Err(format!(
+            "{} of {} tokens arrived",
+            seen.event_ns.len(),
+            workload.tokens
+        ));
+    }
+    Ok(seen)
+}
+
+/// A stream that has not ended this long after it started has failed.
+const STREAM_TIMEOUT: Duration = Duration::from_secs(60);
+
+async fn stream_bounded(
+    way: &Way,
+    workload: &Workload,
+    epoch: Instant,
+    window: (u64, u64),
+) -> Result<StreamSeen, String> {
+    match tokio::time::timeout(STREAM_TIMEOUT, stream_once(way, workload, epoch, window)).await {
+        Ok(result) => result,
+        Err(_) => Err(format!("no end within {} s", STREAM_TIMEOUT.as_secs())),
+    }
+}
+
+/// TTFT and per-event latency of one way at one user.
+#[derive(Default)]
+pub(crate) struct SingleUser {
+    pub(crate) ttft_ns: Vec<u64>,
+    /// TTFT split at the upstream's stamp on the first token: until it (the request reaching
+    /// the upstream, and its answer starting) and after it (the first token coming back).
+    pub(crate) request_leg_ns: Vec<u64>,
+    pub(crate) first_token_leg_ns: Vec<u64>,
+    pub(crate) event_ns: Vec<u64>,
+    pub(crate) failures: Vec<String>,
+}
+
+/// One user, one stream at a time: `warmup + samples` rounds, each sending one request along
+/// every way, the order rotated round by round so no way always follows the same other one.
+pub(crate) async fn single_user(
+    ways: &[Arc<Way>],
+    workload: &Workload,
+    warmup: usize,
+    samples: usize,
+    epoch: Instant,
+) -> Vec<SingleUser> {
+    let mut out: Vec<SingleUser> = ways.iter().map(|_| SingleUser::default()).collect();
+    for round in 0..warmup + samples {
+        for k in 0..ways.len() {
+            let i = (round + k) % ways.len();
+            let result = stream_bounded(&ways[i], workload, epoch, (0, 0)).await;
+            if round < warmup {
+                continue;
+            }
+            let tally = &mut out[i];
+            match result {
+                Ok(seen) => {
+                    let first = seen.event_ns.first().copied().unwrap_or(0);
+                    tally.ttft_ns.push(seen.ttft_ns);
+                    tally
+                        .request_leg_ns
+                        .push(seen.ttft_ns.saturating_sub(first));
+                    tally.first_token_leg_ns.push(first);
+                    tally.event_ns.extend(seen.event_ns);
+                }
+                Err(e) => tally.failures.push(e),
+            }
+        }
+    }
+    out
+}
+
+/// What one way did at one concurrency level, summed over its rounds.
+#[derive(Default)]
+pub(crate) struct Concurrent {
+    /// Measuring window time, in nanoseconds, and the SSE events delivered in it.
+    pub(crate) window_ns: u64,
+    pub(crate) events_in_window: u64,
+    /// CPU ticks of the way's proxy process and of this bench process in the windows.
+    pub(crate) proxy_ticks: Option<u64>,
+    pub(crate) bench_ticks: Option<u64>,
+    /// The largest VmRSS of the proxy sampled in the windows.
+    pub(crate) max_rss_kib: Option<u64>,
+    /// Streams that started and ended inside a window, so ran at full concurrency throughout.
+    pub(crate) streams: usize,
+    /// Of those, the ones with some gap between tokens over twice the interval.
+    pub(crate) gapped: usize,
+    pub(crate) ttft_ns: Vec<u64>,
+    pub(crate) event_ns: Vec<u64>,
+    pub(crate) events: u64,
+    pub(crate) bytes: u64,
+    /// Connections the upstream accepted during the way's rounds: a way that reuses its
+    /// connections opens none after its first round.
+    pub(crate) connections: u64,
+    pub(crate) failures: Vec<String>,
+}
+
+impl Concurrent {
+    pub(crate) fn events_per_second(&self) -> Option<f64> {
+        (self.window_ns > 0).then(|| self.events_in_window as f64 * 1e9 / self.window_ns as f64)
+    }
+
+    /// CPU seconds per 1,000 events delivered, of the proxy (`None` for the direct way).
+    pub(crate) fn proxy_cpu_per_1000(&self, tick_s: f64) -> Option<f64> {
+        let ticks = self.proxy_ticks?;
+        (self.events_in_window > 0)
+            .then(|| ticks as f64 * tick_s / self.events_in_window as f64 * 1000.0)
+    }
+
+    pub(crate) fn bench_cpu_per_1000(&self, tick_s: f64) -> Option<f64> {
+        let ticks = self.bench_ticks?;
+        (self.events_in_window > 0)
+            .then(|| ticks as f64 * tick_s / self.events_in_window as f64 * 1000.0)
+    }
+
+    pub(crate) fn gapped_share(&self) -> Option<f64> {
+        (self.streams > 0).then(|| self.gapped as f64 / self.streams as f64)
+    }
+}
+
+/// How one concurrent round is shaped.
+pub(crate) struct RoundShape {
+    pub(crate) streams: usize,
+    pub(crate) window: Duration,
+}
+
+/// `perf record -g` and `perf stat` attached to a proxy for one measuring window.
+pub(crate) struct PerfRequest {
+    pub(crate) record: PathBuf,
+    pub(crate) stat: PathBuf,
+}
+
+/// One round of one way: `shape.streams` workers, their starts spread evenly over one stream's
+/// length so the streams overlap as steady traffic would rather than arriving in one burst,
+/// each running streams back to back. Once all have started and a quarter stream more has
+/// passed, a window of `shape.window` is measured: the proxy's CPU time at both ends, its RSS
+/// five times within, and every event that arrives. Workers start no stream after the window
+/// closes and the round ends when the last stream does.
+pub(crate) async fn concurrent_round(
+    way: &Arc<Way>,
+    workload: &Workload,
+    shape: &RoundShape,
+    epoch: Instant,
+    upstream: &Upstream,
+    perf: Option<&PerfRequest>,
+) -> (Concurrent, Vec<Result<Child, String>>) {
+    let stream_length = workload.stream_length().max(Duration::from_millis(1));
+    let stagger = stream_length / shape.streams as u32;
+    let now = since(epoch);
+    let window_start = now + (stream_length * 5 / 4).as_nanos() as u64;
+    let window_end = window_start + shape.window.as_nanos() as u64;
+    let window = (window_start, window_end);
+    let accepted_before = upstream.accepted();
+    let gap_limit = 2 * workload.interval.as_nanos() as u64;
+
+    let mut workers = JoinSet::new();
+    for worker in 0..shape.streams {
+        let way = way.clone();
+        let workload = workload.clone();
+        let delay = stagger * worker as u32;
+        workers.spawn(async move {
+            tokio::time::sleep(delay).await;
+            let mut tally = Concurrent::default();
+            while since(epoch) < window_end {
+                match stream_bounded(&way, &workload, epoch, window).await {
+                    Ok(seen) => {
+                        tally.events_in_window += seen.events_in_window;
+                        tally.events += seen.events;
+                        tally.bytes += seen.bytes;
+                        if seen.sent_ns >= window_start && seen.ended_ns < window_end {
+                            tally.streams += 1;
+                            tally.gapped += usize::from(seen.max_gap_ns > gap_limit);
+                            tally.ttft_ns.push(seen.ttft_ns);
+                            tally.event_ns.extend(seen.event_ns);
+                        }
+                    }
+                    Err(e) => {
+                        tally.failures.push(e);
+                        // A failing way must not spin; the next stream starts a pace later.
+                        tokio::time::sleep(workload.interval).await;
+                    }
+                }
+            }
+            tally
+        });
+    }
+
+    // The sampler: CPU ticks at the window's ends, RSS within it.
+    let at = |ns: u64| epoch + Duration::from_nanos(ns);
+    tokio::time::sleep_until(at(window_start)).await;
+    let bench_pid = std::process::id();
+    let proxy_before = way.pid.and_then(procfs::cpu_ticks);
+    let bench_before = procfs::cpu_ticks(bench_pid);
+    let opened = Instant::now();
+    let perf_children = match (perf, way.pid) {
+        (Some(request), Some(pid)) => start_perf(request, pid, shape.window),
+        _ => Vec::new(),
+    };
+    let mut max_rss: Option<u64> = None;
+    for i in 1..=5u64 {
+        tokio::time::sleep_until(at(window_start + (window_end - window_start) * i / 6)).await;
+        if let Some(rss) = way.pid.and_then(procfs::rss_kib) {
+            max_rss = Some(max_rss.map_or(rss, |m| m.max(rss)));
+        }
+    }
+    tokio::time::sleep_until(at(window_end)).await;
+    let proxy_after = way.pid.and_then(procfs::cpu_ticks);
+    let bench_after = procfs::cpu_ticks(bench_pid);
+    let measured = opened.elapsed();
+
+    let mut round = Concurrent {
+        window_ns: measured.as_nanos() as u64,
+        proxy_ticks: proxy_before.zip(proxy_after).map(|(b, a)| a - b),
+        bench_ticks: bench_before.zip(bench_after).map(|(b, a)| a - b),
+        max_rss_kib: max_rss,
+        ..Concurrent::default()
+    };
+    while let Some(done) = workers.join_next().await {
+        match done {
+            Ok(worker) => round.absorb(worker),
+            Err(e) => round.failures.push(format!("worker panicked: {e}")),
+        }
+    }
+    round.connections = upstream.accepted() - accepted_before;
+    (round, perf_children)
+}
+
+impl Concurrent {
+    /// Adds another round's or worker's figures to these.
+    pub(crate) fn absorb(&mut self, other: Concurrent) {
+        let add = |a: Option<u64>, b: Option<u64>| match (a, b) {
+            (Some(a), Some(b)) => Some(a + b),
+            (a, None) => a,
+            (None, b) => b,
+        };
+        self.window_ns += other.window_ns;
+        self.events_in_window += other.events_in_window;
+        self.proxy_ticks = add(self.proxy_ticks, other.proxy_ticks);
+        self.bench_ticks = add(self.bench_ticks, other.bench_ticks);
+        self.max_rss_kib = self.max_rss_kib.max(other.max_rss_kib);
+        self.streams += other.streams;
+        self.gapped += other.gapped;
+        self.ttft_ns.extend(other.ttft_ns);
+        self.event_ns.extend(other.event_ns);
+        self.events += other.events;
+        self.bytes += other.bytes;
+        self.connections += other.connections;
+        self.failures.extend(other.failures);
+    }
+}
+
+/// Starts `perf record -g` and `perf stat` (syscalls, context switches) on `pid` for `length`;
+/// the caller waits for both after the round.
+fn start_perf(request: &PerfRequest, pid: u32, length: Duration) -> Vec<Result<Child, String>> {
+    let seconds = format!("{:.3}", length.as_secs_f64());
+    let record = Command::new("perf")
+        .args(["record", "-g", "-q", "-o"])
+        .arg(&request.record)
+        .arg("-p")
+        .arg(pid.to_string())
+        .args(["--", "sleep", &seconds])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
+    let stat = Command::new("perf")
+        .args([
+            "stat",
+            "-x,",
+            "-e",
+            "raw_syscalls:sys_enter,context-switches",
+            "-o",
+        ])
+        .arg(&request.stat)
+        .arg("-p")
+        .arg(pid.to_string())
+        .args(["--", "sleep", &seconds])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
+    [record, stat]
+        .into_iter()
+        .map(|r| r.map_err(|e| format!("cannot start perf: {e}")))
+        .collect()
+}
+
+/// The counts in a `perf stat -x,` file, by event name.
+pub(crate) fn perf_stat_counts(path: &std::path::Path) -> Vec<(String, u64)> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split(',').collect();
+            let count = fields.first()?.trim().parse().ok()?;
+            Some((fields.get(2)?.trim().to_string(), count))
+        })
+        .collect()
+}

@@ -1,0 +1,112 @@
+//! What the overhead bench reads from Linux's `/proc`: a process's CPU time and resident memory,
+//! the whole machine's CPU time (to tell how much of it other processes took), the load average,
+//! and the open-files limit that 1,024 streams through three ways need raised. Everything here
+//! answers `None` where there is no `/proc`, and the report prints "n/a".
+
+use std::process::Command;
+
+/// User plus system CPU time of `pid`, all its threads, in clock ticks.
+pub(crate) fn cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses; the fields proper follow the last `)`,
+    // starting with field 3 (state), so utime (14) and stime (15) are the 12th and 13th.
+    let mut fields = stat
+        .get(stat.rfind(')')? + 1..)?
+        .split_whitespace()
+        .skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// Busy and total CPU ticks of the whole machine, all cores, from `/proc/stat`. Busy is user,
+/// nice and system time plus what the hypervisor stole; interrupt time is left out because the
+/// kernel spends it on this run's own loopback traffic without charging any process for it.
+pub(crate) fn machine_ticks() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()?
+        .strip_prefix("cpu ")?
+        .split_whitespace()
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest time is inside user already)
+    let [user, nice, system, idle, iowait, irq, softirq, steal, ..] = fields[..] else {
+        return None;
+    };
+    let busy = user + nice + system + steal;
+    Some((busy, busy + idle + iowait + irq + softirq))
+}
+
+/// A `kB` line of `/proc/<pid>/status`, such as `VmRSS:`.
+pub(crate) fn status_kib(pid: u32, key: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(key))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|kib| kib.parse().ok())
+}
+
+/// Resident memory of `pid` now, in KiB.
+pub(crate) fn rss_kib(pid: u32) -> Option<u64> {
+    status_kib(pid, "VmRSS:")
+}
+
+/// The 1-, 5- and 15-minute load averages, as `uptime` prints them.
+pub(crate) fn load_average() -> Option<String> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    let fields: Vec<&str> = text.split_whitespace().take(3).collect();
+    (fields.len() == 3).then(|| fields.join(", "))
+}
+
+/// Clock ticks per second, from `getconf CLK_TCK`; 100 (every Linux build) if that fails.
+pub(crate) fn clock_ticks_per_second() -> u64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|out| String::from_utf8(out.stdout).ok())
+        .and_then(|text| text.trim().parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(100)
+}
+
+/// The soft and hard limits on open files of this process, from `/proc/self/limits`.
+fn open_files_limits() -> Option<(u64, u64)> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    let mut fields = line.split_whitespace().skip(3);
+    let soft = fields.next()?.parse().ok()?;
+    // "unlimited" is as good as any number here.
+    let hard = fields.next()?.parse().unwrap_or(u64::MAX);
+    Some((soft, hard))
+}
+
+/// Makes room for `needed` open files, raising the soft limit towards the hard one if it must.
+/// Called before the proxies start, so they inherit the raised limit. Many desktops start at a
+/// soft limit of 1,024, far too few for 1,024 streams; `prlimit` (util-linux) raises it without
+/// `unsafe`. Returns the error to report otherwise.
+pub(crate) fn ensure_open_files(needed: u64) -> Result<(), String> {
+    let Some((soft, hard)) = open_files_limits() else {
+        return Ok(());
+    };
+    if soft >= needed {
+        return Ok(());
+    }
+    let wanted = needed.next_power_of_two().min(hard);
+    let _ = Command::new("prlimit")
+        .arg("--pid")
+        .arg(std::process::id().to_string())
+        .arg(format!("--nofile={wanted}:"))
+        .status();
+    match open_files_limits() {
+        Some((soft, _)) if soft >= needed => Ok(()),
+        Some((soft, _)) => Err(format!(
+            "needs about {needed} open files and the limit is {soft}; raise it with `ulimit -n {}` or run fewer streams (TOKENMETER_BENCH_STREAMS)",
+            needed.next_power_of_two()
+        )),
+        None => Ok(()),
+    }
+}
