@@ -490,7 +490,11 @@ fn records_carry_the_engines_own_timings_and_state() {
             .is_some()
         },
     );
-    let x = post(&proxy.listen, "/v1/chat/completions", &chat_body(true, true));
+    let x = post(
+        &proxy.listen,
+        "/v1/chat/completions",
+        &chat_body(true, true),
+    );
     assert_eq!(x.status, 200);
     let r = &proxy.records(1)[0];
     let timings = x
@@ -502,10 +506,16 @@ fn records_carry_the_engines_own_timings_and_state() {
     assert_eq!(r["engine_source"], "llamacpp", "{r}");
     let close = |field: &str, want: f64| {
         let got = num(r, field);
-        assert!((got - want).abs() < 0.01, "{field}: {got} vs engine {want}: {r}");
+        assert!(
+            (got - want).abs() < 0.01,
+            "{field}: {got} vs engine {want}: {r}"
+        );
     };
     close("engine_prefill_ms", timings["prompt_ms"].as_f64().unwrap());
-    close("engine_decode_ms", timings["predicted_ms"].as_f64().unwrap());
+    close(
+        "engine_decode_ms",
+        timings["predicted_ms"].as_f64().unwrap(),
+    );
     assert_eq!(r["engine_prompt_n"], timings["prompt_n"], "{r}");
     assert_eq!(r["cached_tokens"], timings["cache_n"], "{r}");
     assert_eq!(r["queue_source"], "derived", "{r}");
@@ -551,7 +561,9 @@ fn the_report_names_the_slot_count_and_the_queue() {
     );
     let records = proxy.records(96);
     assert!(
-        records.iter().any(|r| r["engine_waiting"].as_f64() > Some(0.0)),
+        records
+            .iter()
+            .any(|r| r["engine_waiting"].as_f64() > Some(0.0)),
         "no request arrived while the engine had waiting requests"
     );
     let report = std::process::Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
@@ -559,7 +571,11 @@ fn the_report_names_the_slot_count_and_the_queue() {
         .arg(&proxy.records)
         .output()
         .expect("tokenmeter report runs");
-    assert!(report.status.success(), "{}", String::from_utf8_lossy(&report.stderr));
+    assert!(
+        report.status.success(),
+        "{}",
+        String::from_utf8_lossy(&report.stderr)
+    );
     let report: Value = serde_json::from_slice(&report.stdout).expect("JSON");
     let group = &report["groups"][0];
     assert_eq!(
