@@ -17,8 +17,8 @@
 //! - **uploads**: 500 uploads of 8 MiB towards an upstream that accepts and never reads.
 //!
 //! The default run is the full one: 10^6 streams sampled every 10^5, 2,000 connections a burst,
-//! 500 hostile connections; about four minutes on two cores. Knobs, all optional: `--quick` or
-//! `TOKENMETER_BENCH_QUICK=1` (a smoke run under a minute: 20,000 streams, 200 and 50
+//! 500 hostile connections; about three minutes on two cores. Knobs, all optional: `--quick` or
+//! `TOKENMETER_BENCH_QUICK=1` (a smoke run of about a minute: 20,000 streams, 200 and 50
 //! connections), `TOKENMETER_SOAK_REQUESTS=N` (a longer or shorter soak, sampled every N/10),
 //! `TOKENMETER_SOAK_PHASES=soak,bursts,heads,uploads`, `TOKENMETER_SOAK_BINARY=PATH` to measure
 //! another build of the proxy (one with another allocator, say) under the same load.
@@ -1519,6 +1519,9 @@ fn print_soak(params: &Params, soak: &SoakReport, tick_s: f64) {
             margin as f64 / 1024.0,
             if worst <= margin { "flat" } else { "NOT flat" }
         );
+        if params.quick {
+            println!("(a quick run's warm-up is too short for this verdict to mean much)");
+        }
     }
     if let (Some(first), Some(last)) = (samples.first(), samples.last()) {
         let seconds = (last.at - first.at).as_secs_f64();
