@@ -138,13 +138,19 @@ impl Drop for Proc {
 pub struct Engine {
     pub proc: Proc,
     pub addr: String,
+    /// One engine at a time: each takes a core, and the timing tests (the report's bend above
+    /// all) must not share the machine with another engine decoding beside them.
+    _turn: std::sync::MutexGuard<'static, ()>,
 }
+
+static ONE_ENGINE: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 impl Engine {
     /// Starts llama-server with `--port 0`: it binds a free port itself and prints
     /// `listening on http://127.0.0.1:PORT` once the model is loaded, so there is no race for
     /// the port. Then /health must answer 200.
     pub fn start() -> Engine {
+        let turn = ONE_ENGINE.lock().unwrap_or_else(|p| p.into_inner());
         let (server, model) = engine_paths();
         let mut proc = Proc::spawn(
             "llama-server",
@@ -175,7 +181,11 @@ impl Engine {
             .and_then(|s| s.split_whitespace().next())
             .unwrap_or_else(|| panic!("no address in `{line}`"))
             .to_string();
-        let engine = Engine { proc, addr };
+        let engine = Engine {
+            proc,
+            addr,
+            _turn: turn,
+        };
         poll(
             "llama-server's /health to answer 200",
             Duration::from_secs(30),
