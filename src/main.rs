@@ -72,6 +72,10 @@ struct RunArgs {
     /// Where /metrics, /healthz and /readyz are served [default: 0.0.0.0:9464].
     #[arg(long, value_name = "ADDR")]
     admin: Option<SocketAddr>,
+    /// Runtime threads (also TOKENMETER_WORKERS) [default: one per available CPU]. 1 runs
+    /// single-threaded: the least CPU per frame, for a sidecar that one core serves.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
+    workers: Option<u16>,
 }
 
 fn parse_upstream(text: &str) -> Result<Upstream, String> {
@@ -138,19 +142,28 @@ fn run(args: RunArgs) -> ExitCode {
         Ok(config) => config,
         Err(e) => return fail(&e),
     };
-    tokenmeter::tools::cli::block_on(async {
-        let running = match tokenmeter::start(config, args.config.clone(), overrides(&args)).await {
-            Ok(running) => running,
-            Err(e) => return fail(&e),
-        };
-        if let Err(e) = serve_signals(&running).await {
-            return fail(&format!("cannot listen for signals: {e}"));
-        }
-        tracing::info!("shutdown signal received");
-        running.shutdown();
-        running.wait().await;
-        ExitCode::SUCCESS
-    })
+    let workers = args.workers.map(usize::from).or_else(|| {
+        std::env::var("TOKENMETER_WORKERS")
+            .ok()
+            .and_then(|w| w.parse().ok())
+    });
+    tokenmeter::tools::cli::block_on_workers(
+        async {
+            let running =
+                match tokenmeter::start(config, args.config.clone(), overrides(&args)).await {
+                    Ok(running) => running,
+                    Err(e) => return fail(&e),
+                };
+            if let Err(e) = serve_signals(&running).await {
+                return fail(&format!("cannot listen for signals: {e}"));
+            }
+            tracing::info!("shutdown signal received");
+            running.shutdown();
+            running.wait().await;
+            ExitCode::SUCCESS
+        },
+        workers,
+    )
 }
 
 /// Reloads on SIGHUP; returns on SIGTERM (Kubernetes stopping the pod) or SIGINT (Ctrl-C).

@@ -38,7 +38,7 @@ use super::request_body::UpstreamBody;
 /// 5 s is the exception, and its early closes are what the retry is for).
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// Idle connections kept at most; more are closed when they come back.
-const MAX_IDLE: usize = 256;
+const MAX_IDLE: usize = 1024;
 /// How long a pooled connection may take to become ready for its next request.
 const READY_WAIT: Duration = Duration::from_millis(100);
 /// hyper's read buffer for a response: response chunks handed on are at most this large.

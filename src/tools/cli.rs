@@ -14,10 +14,28 @@ pub fn fail(error: &dyn std::fmt::Display) -> ExitCode {
 
 /// Runs `command` on a multi-threaded runtime.
 pub fn block_on(command: impl Future<Output = ExitCode>) -> ExitCode {
-    match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    block_on_workers(command, None)
+}
+
+/// Runs `command` on a runtime with `workers` threads: one is a single-threaded runtime (no
+/// work stealing, no cross-thread wake-ups); `None` is one per available CPU.
+pub fn block_on_workers(
+    command: impl Future<Output = ExitCode>,
+    workers: Option<usize>,
+) -> ExitCode {
+    let runtime = match workers {
+        Some(1) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        Some(n) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build(),
+        None => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build(),
+    };
+    match runtime {
         Ok(runtime) => runtime.block_on(command),
         Err(e) => fail(&format!("cannot start the runtime: {e}")),
     }
