@@ -12,7 +12,7 @@
 //! exact workload, the machine's load and issue 12's targets follow. It measures and reports;
 //! it fails nothing.
 //!
-//! Knobs, all optional: `--quick` or `TOKENMETER_BENCH_QUICK=1` (a smoke run of about 20 s),
+//! Knobs, all optional: `--quick` or `TOKENMETER_BENCH_QUICK=1` (a smoke run of about 15 s),
 //! `TOKENMETER_BENCH_STREAMS=128,512,1024`, `TOKENMETER_BENCH_EVENTS=64` (tokens per stream),
 //! `TOKENMETER_BENCH_INTERVAL_US=20000` (the pace), `TOKENMETER_BENCH_NGINX=PATH` (or `0` to
 //! leave nginx out), `TOKENMETER_BENCH_RELAY=1` (a bare TCP relay process as one more way: the
@@ -134,7 +134,7 @@ fn fail(message: &str) -> ExitCode {
     ExitCode::FAILURE
 }
 
-/// What one run does; the defaults take about four minutes on two cores.
+/// What one run does; the defaults take about three minutes on two cores.
 struct Params {
     quick: bool,
     /// The one-user level: short, fast streams, since only the first token matters for TTFT.
