@@ -12,7 +12,7 @@
 //! exact workload, the machine's load and issue 12's targets follow. It measures and reports;
 //! it fails nothing.
 //!
-//! Knobs, all optional: `--quick` or `TOKENMETER_BENCH_QUICK=1` (a smoke run of about 20 s),
+//! Knobs, all optional: `--quick` or `TOKENMETER_BENCH_QUICK=1` (a smoke run of about 15 s),
 //! `TOKENMETER_BENCH_STREAMS=128,512,1024`, `TOKENMETER_BENCH_EVENTS=64` (tokens per stream),
 //! `TOKENMETER_BENCH_INTERVAL_US=20000` (the pace), `TOKENMETER_BENCH_NGINX=PATH` (or `0` to
 //! leave nginx out), `TOKENMETER_BENCH_RELAY=1` (a bare TCP relay process as one more way: the
@@ -134,7 +134,7 @@ fn fail(message: &str) -> ExitCode {
     ExitCode::FAILURE
 }
 
-/// What one run does; the defaults take about four minutes on two cores.
+/// What one run does; the defaults take about three minutes on two cores.
 struct Params {
     quick: bool,
     /// The one-user level: short, fast streams, since only the first token matters for TTFT.
@@ -234,28 +234,11 @@ struct Level {
     others: Option<(u64, u64)>,
 }
 
-/// CPU ticks of this bench and every proxy, to subtract from the machine's busy time.
-fn our_ticks(ways: &[Arc<Way>]) -> Option<u64> {
-    std::iter::once(std::process::id())
-        .chain(ways.iter().filter_map(|w| w.pid))
-        .map(procfs::cpu_ticks)
-        .sum()
-}
-
-/// Busy ticks of other processes and all ticks of the machine between two readings.
-fn others_between(
-    before: Option<((u64, u64), u64)>,
-    after: Option<((u64, u64), u64)>,
-) -> Option<(u64, u64)> {
-    let (((busy0, all0), ours0), ((busy1, all1), ours1)) = (before?, after?);
-    Some((
-        (busy1 - busy0).saturating_sub(ours1 - ours0),
-        all1.saturating_sub(all0),
-    ))
-}
-
 async fn run(params: &Params, epoch: Instant, upstream: &Upstream, ways: &[Arc<Way>]) -> Measured {
-    let reading = || procfs::machine_ticks().zip(our_ticks(ways));
+    let ours: Vec<u32> = std::iter::once(std::process::id())
+        .chain(ways.iter().filter_map(|w| w.pid))
+        .collect();
+    let reading = || procfs::machine_ticks().zip(procfs::ticks_of(&ours));
     eprintln!(
         "overhead bench: 1 user, {} + {} requests per way, alternating",
         params.single_warmup, params.single_samples
@@ -269,7 +252,7 @@ async fn run(params: &Params, epoch: Instant, upstream: &Upstream, ways: &[Arc<W
         epoch,
     )
     .await;
-    let single_others = others_between(before, reading());
+    let single_others = procfs::others_between(before, reading());
 
     let mut levels = Vec::new();
     let mut perf = Vec::new();
@@ -298,15 +281,16 @@ async fn run(params: &Params, epoch: Instant, upstream: &Upstream, ways: &[Arc<W
                     &shape,
                     epoch,
                     upstream,
+                    &ours,
                     None,
                 )
                 .await;
                 level.ways[i].absorb(done);
             }
         }
-        level.others = others_between(before, reading());
+        level.others = procfs::others_between(before, reading());
         if let (Some(dir), true) = (&params.perf_dir, params.profiled_level() == Some(streams)) {
-            perf.extend(profile(dir, ways, params, &shape, epoch, upstream).await);
+            perf.extend(profile(dir, ways, params, &shape, epoch, upstream, &ours).await);
         }
         levels.push(level);
     }
@@ -327,6 +311,7 @@ async fn profile(
     shape: &RoundShape,
     epoch: Instant,
     upstream: &Upstream,
+    ours: &[u32],
 ) -> Vec<String> {
     let mut notes = Vec::new();
     if let Err(e) = std::fs::create_dir_all(dir) {
@@ -349,6 +334,7 @@ async fn profile(
             shape,
             epoch,
             upstream,
+            ours,
             Some(&request),
         )
         .await;
@@ -671,13 +657,13 @@ fn print_report(params: &Params, measured: &Measured, context: &Context) {
         "Concurrent streams, per way (raw; frames are SSE events as the clients received them):"
     );
     println!();
-    println!("| streams | way | frames/s | proxy CPU s per 1,000 | bench CPU s per 1,000 | proxy RSS MiB | streams counted | with a gap > 2× pace | TTFT p50 | TTFT p99 | per-event p50 | per-event p99 | upstream connections opened | failed |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| streams | way | frames/s | proxy CPU s per 1,000 | bench CPU s per 1,000 | proxy RSS MiB | streams counted | with a gap > 2× pace | TTFT p50 | TTFT p99 | per-event p50 | per-event p99 | upstream connections opened | failed | others' share of the machine |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for level in &measured.levels {
         for (name, way) in names.iter().zip(&level.ways) {
             let at = |samples: &[u64], p| or_na(percentile(samples, p).map(human));
             println!(
-                "| {} | {name} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {name} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 level.streams,
                 or_na(way.events_per_second().map(thousands)),
                 or_na(way.proxy_cpu_per_1000(tick_s).map(|v| format!("{v:.4}"))),
@@ -691,6 +677,7 @@ fn print_report(params: &Params, measured: &Measured, context: &Context) {
                 at(&way.event_ns, 99.0),
                 way.connections,
                 way.failures.len(),
+                or_na(way.others_share().map(|s| format!("{:.0} %", 100.0 * s))),
             );
         }
     }

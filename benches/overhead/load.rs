@@ -253,6 +253,9 @@ pub(crate) struct Concurrent {
     pub(crate) bench_ticks: Option<u64>,
     /// The largest VmRSS of the proxy sampled in the windows.
     pub(crate) max_rss_kib: Option<u64>,
+    /// Busy ticks of other processes and all ticks of the machine in the windows: whether this
+    /// way's figures were measured on a machine of its own.
+    pub(crate) others: Option<(u64, u64)>,
     /// Streams that started and ended inside a window, so ran at full concurrency throughout.
     pub(crate) streams: usize,
     /// Of those, the ones with some gap between tokens over twice the interval.
@@ -285,6 +288,12 @@ impl Concurrent {
             .then(|| ticks as f64 * tick_s / self.events_in_window as f64 * 1000.0)
     }
 
+    /// The share of the machine other processes took in this way's windows.
+    pub(crate) fn others_share(&self) -> Option<f64> {
+        let (others, all) = self.others?;
+        (all > 0).then(|| others as f64 / all as f64)
+    }
+
     pub(crate) fn gapped_share(&self) -> Option<f64> {
         (self.streams > 0).then(|| self.gapped as f64 / self.streams as f64)
     }
@@ -314,6 +323,7 @@ pub(crate) async fn concurrent_round(
     shape: &RoundShape,
     epoch: Instant,
     upstream: &Upstream,
+    ours: &[u32],
     perf: Option<&PerfRequest>,
 ) -> (Concurrent, Vec<Result<Child, String>>) {
     let stream_length = workload.stream_length().max(Duration::from_millis(1));
@@ -363,6 +373,7 @@ pub(crate) async fn concurrent_round(
     let bench_pid = std::process::id();
     let proxy_before = way.pid.and_then(procfs::cpu_ticks);
     let bench_before = procfs::cpu_ticks(bench_pid);
+    let machine_before = procfs::machine_ticks().zip(procfs::ticks_of(ours));
     let opened = Instant::now();
     let perf_children = match (perf, way.pid) {
         (Some(request), Some(pid)) => start_perf(request, pid, shape.window),
@@ -378,6 +389,7 @@ pub(crate) async fn concurrent_round(
     tokio::time::sleep_until(at(window_end)).await;
     let proxy_after = way.pid.and_then(procfs::cpu_ticks);
     let bench_after = procfs::cpu_ticks(bench_pid);
+    let machine_after = procfs::machine_ticks().zip(procfs::ticks_of(ours));
     let measured = opened.elapsed();
 
     let mut round = Concurrent {
@@ -385,6 +397,7 @@ pub(crate) async fn concurrent_round(
         proxy_ticks: proxy_before.zip(proxy_after).map(|(b, a)| a - b),
         bench_ticks: bench_before.zip(bench_after).map(|(b, a)| a - b),
         max_rss_kib: max_rss,
+        others: procfs::others_between(machine_before, machine_after),
         ..Concurrent::default()
     };
     while let Some(done) = workers.join_next().await {
@@ -410,6 +423,10 @@ impl Concurrent {
         self.proxy_ticks = add(self.proxy_ticks, other.proxy_ticks);
         self.bench_ticks = add(self.bench_ticks, other.bench_ticks);
         self.max_rss_kib = self.max_rss_kib.max(other.max_rss_kib);
+        self.others = match (self.others, other.others) {
+            (Some((o, a)), Some((p, b))) => Some((o + p, a + b)),
+            (mine, theirs) => mine.or(theirs),
+        };
         self.streams += other.streams;
         self.gapped += other.gapped;
         self.ttft_ns.extend(other.ttft_ns);

@@ -39,6 +39,27 @@ pub(crate) fn machine_ticks() -> Option<(u64, u64)> {
     Some((busy, busy + idle + iowait + irq + softirq))
 }
 
+/// CPU ticks of all of `pids` together.
+pub(crate) fn ticks_of(pids: &[u32]) -> Option<u64> {
+    pids.iter().map(|&pid| cpu_ticks(pid)).sum()
+}
+
+/// Busy ticks of other processes and all ticks of the machine between two readings of
+/// ([`machine_ticks`], our processes' ticks). A lower bound: softirq time spent on our own
+/// loopback traffic may be charged to our processes but is not in the machine's busy time.
+pub(crate) fn others_between(
+    before: Option<((u64, u64), u64)>,
+    after: Option<((u64, u64), u64)>,
+) -> Option<(u64, u64)> {
+    let (((busy0, all0), ours0), ((busy1, all1), ours1)) = (before?, after?);
+    Some((
+        busy1
+            .saturating_sub(busy0)
+            .saturating_sub(ours1.saturating_sub(ours0)),
+        all1.saturating_sub(all0),
+    ))
+}
+
 /// A `kB` line of `/proc/<pid>/status`, such as `VmRSS:`.
 pub(crate) fn status_kib(pid: u32, key: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
