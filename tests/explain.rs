@@ -34,6 +34,16 @@ fn replay(content_type: &str, body: Bytes) -> Script {
     Script::stream(content_type, frames)
 }
 
+/// `engine_metrics` scraping `addr`'s /metrics every 100 ms.
+fn engine_metrics(addr: std::net::SocketAddr) -> Option<tokenmeter::EngineMetrics> {
+    tokenmeter::Config::parse(
+        &format!("engine_metrics: {{url: http://{addr}/metrics, interval: 100ms}}\n"),
+        "t.yaml",
+    )
+    .unwrap()
+    .engine_metrics
+}
+
 fn num(r: &serde_json::Value, field: &str) -> f64 {
     r[field]
         .as_f64()
@@ -175,15 +185,7 @@ async fn requests_carry_the_engine_state_at_arrival() {
     })
     .await;
     let addr = up.addr;
-    let p = proxy(addr, move |c| {
-        c.engine_metrics = tokenmeter::Config::parse(
-            &format!("engine_metrics: {{url: http://{addr}/metrics, interval: 100ms}}\n"),
-            "t.yaml",
-        )
-        .unwrap()
-        .engine_metrics;
-    })
-    .await;
+    let p = proxy(addr, move |c| c.engine_metrics = engine_metrics(addr)).await;
     common::eventually("a successful scrape", || {
         p.metrics()
             .contains("tokenmeter_engine_metrics_scrapes_total{result=\"ok\"}")
@@ -211,15 +213,7 @@ async fn requests_carry_the_engine_state_at_arrival() {
 async fn a_broken_engine_metrics_endpoint_is_only_counted() {
     let up = upstream(|_| Script::json(404, "no such page")).await;
     let addr = up.addr;
-    let p = proxy(addr, move |c| {
-        c.engine_metrics = tokenmeter::Config::parse(
-            &format!("engine_metrics: {{url: http://{addr}/metrics, interval: 100ms}}\n"),
-            "t.yaml",
-        )
-        .unwrap()
-        .engine_metrics;
-    })
-    .await;
+    let p = proxy(addr, move |c| c.engine_metrics = engine_metrics(addr)).await;
     common::eventually("a failed scrape counted", || {
         p.metrics()
             .contains("tokenmeter_engine_metrics_scrapes_total{result=\"status\"}")
