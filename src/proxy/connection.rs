@@ -114,7 +114,13 @@ impl ConnState {
             }
             if self.active.load(Ordering::Relaxed) == 0 {
                 tokio::select! {
-                    () = tokio::time::sleep(idle) => return,
+                    // A request that started meanwhile does not notify (only the last to end
+                    // does): check again before closing.
+                    () = tokio::time::sleep(idle) => {
+                        if self.active.load(Ordering::Relaxed) == 0 {
+                            return;
+                        }
+                    }
                     () = changed => {}
                 }
             } else {
