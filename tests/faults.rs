@@ -106,6 +106,39 @@ async fn a_reused_connection_closed_before_answering_is_retried_once() {
     assert_eq!(seen, n + retried.len(), "upstream requests");
 }
 
+/// An upstream that closes every connection right after its response (what llama.cpp's server
+/// does after a stream): back-to-back requests through the proxy all succeed, whether the
+/// proxy notices the close before reusing the connection or meets it and sends again.
+#[tokio::test]
+async fn an_upstream_that_closes_after_each_response_fails_nothing() {
+    let mut up = upstream(|_| {
+        let mut s = sse(full_stream());
+        s.steps.pop();
+        s.steps.push(Step::EndThenClose);
+        s
+    })
+    .await;
+    let p = proxy(up.addr, |_| {}).await;
+    let n = 60;
+    for i in 0..n {
+        let got = send(&p.url(CHAT), "POST", &chat_request("m"), &[], false).await;
+        assert_eq!(got.status, 200, "request {i}");
+        assert!(
+            got.body_error.is_none(),
+            "request {i}: {:?}",
+            got.body_error
+        );
+    }
+    let records = p.records(n).await;
+    assert!(records.iter().all(|r| r["outcome"] == "ok"), "{records:?}");
+    let retried = records.iter().filter(|r| r["retries"] == 1).count();
+    let mut seen = 0;
+    while let Ok(Some(_)) = timeout(Duration::from_millis(100), up.seen.recv()).await {
+        seen += 1;
+    }
+    assert_eq!(seen, n + retried, "upstream requests");
+}
+
 /// A request that failed on a new connection is the upstream's failure: never sent again.
 #[tokio::test]
 async fn a_new_connection_that_fails_is_not_retried() {
