@@ -12,6 +12,8 @@ command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v python3 >/dev/null 2>&1 || missing+=(python3 python3-pip)
+# The binary's allocator (jemalloc) is built from C with make.
+command -v make >/dev/null 2>&1 || missing+=(make)
 if ((${#missing[@]})); then
   sudo=""
   [ "$(id -u)" = 0 ] || sudo="sudo"
