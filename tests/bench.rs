@@ -117,7 +117,9 @@ async fn sweep_names_the_batch_limit_as_saturation() -> TestResult {
         c.decode_step_per_request = Duration::from_millis(2);
     })
     .await?;
-    let mut a = args(&sim, &[1, 2, 4, 8], 8, 8);
+    // Long enough answers that the moment between two requests of one worker (its round trip
+    // and prefill) is a small part of a level, or level 4 outgrows level 2 by that idle time.
+    let mut a = args(&sim, &[1, 2, 4, 8], 8, 32);
     a.prompt_tokens = 4;
     let sweep = bench::run(&a).await;
     let tps: Vec<f64> = sweep.levels.iter().map(|l| l.output_tokens_per_s).collect();
