@@ -23,6 +23,11 @@
 //! `TOKENMETER_SOAK_PHASES=soak,bursts,heads,uploads`, `TOKENMETER_SOAK_BINARY=PATH` to measure
 //! another build of the proxy (one with another allocator, say) under the same load.
 
+// The overhead bench's /proc readers, shared rather than copied (not every one is used here).
+#[allow(dead_code)]
+#[path = "overhead/procfs.rs"]
+mod procfs;
+
 use std::convert::Infallible;
 use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
@@ -106,7 +111,7 @@ fn main() -> std::process::ExitCode {
         Err(e) => return fail(&e),
     };
     let needed = (2 * params.burst_connections.max(params.hostile_connections) + 512) as u64;
-    if let Err(why) = ensure_open_files(needed) {
+    if let Err(why) = procfs::ensure_open_files(needed) {
         return fail(&why);
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -120,10 +125,10 @@ fn main() -> std::process::ExitCode {
         Ok(dir) => dir,
         Err(e) => return fail(&e),
     };
-    let load_before = load_average();
+    let load_before = procfs::load_average();
     let started = Instant::now();
     let report = runtime.block_on(run(&params, &workdir));
-    let load_after = load_average();
+    let load_after = procfs::load_average();
     print_report(&params, &report, load_before, load_after, started.elapsed());
     std::process::ExitCode::SUCCESS
 }
@@ -460,7 +465,7 @@ impl ProxyProcess {
         proxy.admin = field("admin=")?;
         // Let start-up allocations settle before calling what is left idle.
         std::thread::sleep(Duration::from_millis(300));
-        proxy.idle_rss_kib = proc_status_kib(proxy.pid(), "VmRSS:");
+        proxy.idle_rss_kib = procfs::status_kib(proxy.pid(), "VmRSS:");
         proxy.idle_fds = open_fds(proxy.pid());
         Ok(proxy)
     }
@@ -470,11 +475,11 @@ impl ProxyProcess {
     }
 
     fn rss_kib(&self) -> Option<u64> {
-        proc_status_kib(self.pid(), "VmRSS:")
+        procfs::status_kib(self.pid(), "VmRSS:")
     }
 
     fn peak_rss_kib(&self) -> Option<u64> {
-        proc_status_kib(self.pid(), "VmHWM:")
+        procfs::status_kib(self.pid(), "VmHWM:")
     }
 
     /// Waits until the proxy holds no more descriptors than when idle plus its pool of idle
@@ -543,109 +548,9 @@ impl Drop for ProxyProcess {
 // ---------------------------------------------------------------------------------------------
 // /proc.
 
-/// User plus system CPU time of `pid`, in clock ticks.
-fn cpu_ticks(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may hold spaces and parentheses; the fields proper follow the last `)`,
-    // starting with field 3 (state), so utime (14) and stime (15) are the 12th and 13th.
-    let mut fields = stat
-        .get(stat.rfind(')')? + 1..)?
-        .split_whitespace()
-        .skip(11);
-    let utime: u64 = fields.next()?.parse().ok()?;
-    let stime: u64 = fields.next()?.parse().ok()?;
-    Some(utime + stime)
-}
-
-/// Busy and total CPU ticks of the whole machine (busy: user, nice, system and steal).
-fn machine_ticks() -> Option<(u64, u64)> {
-    let stat = std::fs::read_to_string("/proc/stat").ok()?;
-    let fields: Vec<u64> = stat
-        .lines()
-        .next()?
-        .strip_prefix("cpu ")?
-        .split_whitespace()
-        .filter_map(|f| f.parse().ok())
-        .collect();
-    let [user, nice, system, idle, iowait, irq, softirq, steal, ..] = fields[..] else {
-        return None;
-    };
-    let busy = user + nice + system + steal;
-    Some((busy, busy + idle + iowait + irq + softirq))
-}
-
-/// A `kB` line of `/proc/<pid>/status`, such as `VmRSS:` or `VmHWM:`.
-fn proc_status_kib(pid: u32, key: &str) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix(key))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|kib| kib.parse().ok())
-}
-
 /// Open file descriptors of `pid`.
 fn open_fds(pid: u32) -> Option<usize> {
     Some(std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count())
-}
-
-/// The 1-minute load average, as `uptime` prints it.
-fn load_average() -> Option<String> {
-    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
-    Some(
-        text.split_whitespace()
-            .take(3)
-            .collect::<Vec<_>>()
-            .join(" "),
-    )
-}
-
-/// Clock ticks per second, from `getconf CLK_TCK`; 100 (every Linux build) if that fails.
-fn clock_ticks_per_second() -> u64 {
-    Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|out| String::from_utf8(out.stdout).ok())
-        .and_then(|text| text.trim().parse().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or(100)
-}
-
-/// The soft and hard limits on open files of this process, from `/proc/self/limits`.
-fn open_files_limits() -> Option<(u64, u64)> {
-    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
-    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
-    let mut fields = line.split_whitespace().skip(3);
-    let soft = fields.next()?.parse().ok()?;
-    let hard = fields.next()?.parse().unwrap_or(u64::MAX);
-    Some((soft, hard))
-}
-
-/// Makes room for `needed` open files in this process and so in the proxy, which inherits the
-/// limit (and derives its connection cap from it), raising the soft limit with `prlimit`
-/// (util-linux) rather than `unsafe`.
-fn ensure_open_files(needed: u64) -> Result<(), String> {
-    let Some((soft, hard)) = open_files_limits() else {
-        return Ok(());
-    };
-    if soft >= needed {
-        return Ok(());
-    }
-    let wanted = needed.next_power_of_two().min(hard);
-    let _ = Command::new("prlimit")
-        .arg("--pid")
-        .arg(std::process::id().to_string())
-        .arg(format!("--nofile={wanted}:"))
-        .status();
-    match open_files_limits() {
-        Some((soft, _)) if soft >= needed => Ok(()),
-        Some((soft, _)) => Err(format!(
-            "needs about {needed} open files and the limit is {soft}; raise it with `ulimit -n {}`",
-            needed.next_power_of_two()
-        )),
-        None => Ok(()),
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -784,10 +689,10 @@ impl Sample {
         Sample {
             requests,
             at: started.elapsed(),
-            rss_kib: proc_status_kib(pid, "VmRSS:"),
-            proxy_ticks: cpu_ticks(pid),
-            bench_ticks: cpu_ticks(std::process::id()),
-            machine: machine_ticks(),
+            rss_kib: procfs::status_kib(pid, "VmRSS:"),
+            proxy_ticks: procfs::cpu_ticks(pid),
+            bench_ticks: procfs::cpu_ticks(std::process::id()),
+            machine: procfs::machine_ticks(),
         }
     }
 }
@@ -1333,7 +1238,7 @@ fn print_report(
     load_after: Option<String>,
     took: Duration,
 ) {
-    let tick_s = 1.0 / clock_ticks_per_second() as f64;
+    let tick_s = 1.0 / procfs::clock_ticks_per_second() as f64;
     println!();
     println!("## Soak and memory (`cargo bench --bench soak`)");
     println!();

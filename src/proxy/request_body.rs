@@ -264,9 +264,9 @@ impl Body for RequestBody {
         let polled = match this.inner.as_mut().poll_frame(cx) {
             Poll::Ready(polled) => polled,
             Poll::Pending => {
-                let deadline = Instant::now() + *this.stall_after;
                 if !*this.waiting {
                     *this.waiting = true;
+                    let deadline = Instant::now() + *this.stall_after;
                     match this.stall.as_mut() {
                         Some(stall) => stall.as_mut().reset(deadline),
                         None => *this.stall = Some(Box::pin(tokio::time::sleep_until(deadline))),
