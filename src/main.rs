@@ -72,8 +72,8 @@ struct RunArgs {
     /// Where /metrics, /healthz and /readyz are served [default: 0.0.0.0:9464].
     #[arg(long, value_name = "ADDR")]
     admin: Option<SocketAddr>,
-    /// Runtime threads (also TOKENMETER_WORKERS) [default: one per available CPU]. 1 runs
-    /// single-threaded: the least CPU per frame, for a sidecar that one core serves.
+    /// Threads serving clients, each with its own event loop, like nginx's workers (also
+    /// TOKENMETER_WORKERS) [default: one per available CPU, as the cgroup's CPU limit allows].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
     workers: Option<u16>,
 }
@@ -118,7 +118,21 @@ fn overrides(args: &RunArgs) -> Overrides {
         listen: args.listen,
         admin: args.admin,
         upstream: args.upstream.clone(),
+        shards: Some(workers(args)),
     }
+}
+
+/// `--workers`, else TOKENMETER_WORKERS, else one per CPU this process may use.
+fn workers(args: &RunArgs) -> usize {
+    args.workers
+        .map(usize::from)
+        .or_else(|| {
+            std::env::var("TOKENMETER_WORKERS")
+                .ok()
+                .and_then(|w| w.parse().ok())
+        })
+        .or_else(|| std::thread::available_parallelism().ok().map(usize::from))
+        .unwrap_or(1)
 }
 
 fn load(args: &RunArgs) -> Result<Config, ConfigError> {
@@ -142,11 +156,8 @@ fn run(args: RunArgs) -> ExitCode {
         Ok(config) => config,
         Err(e) => return fail(&e),
     };
-    let workers = args.workers.map(usize::from).or_else(|| {
-        std::env::var("TOKENMETER_WORKERS")
-            .ok()
-            .and_then(|w| w.parse().ok())
-    });
+    // The first shard, the admin port and the housekeeping run on this thread; the other
+    // shards get threads of their own (`Overrides::shards`).
     tokenmeter::tools::cli::block_on_workers(
         async {
             let running =
@@ -162,7 +173,7 @@ fn run(args: RunArgs) -> ExitCode {
             running.wait().await;
             ExitCode::SUCCESS
         },
-        workers,
+        Some(1),
     )
 }
 

@@ -48,7 +48,7 @@ pub(crate) async fn serve(
     };
     let _ = listener::serve_listener(
         listener,
-        listener::ADMIN_MAX_CONNECTIONS,
+        listener::Cap::new(listener::ADMIN_MAX_CONNECTIONS),
         limits,
         make,
         shutdown,

@@ -30,6 +30,9 @@ pub struct Overrides {
     pub listen: Option<SocketAddr>,
     pub admin: Option<SocketAddr>,
     pub upstream: Option<Upstream>,
+    /// Threads that serve clients, each with its own event loop (`--workers`); read once, at
+    /// start. `None` or 1: the runtime that calls `start` serves them all.
+    pub shards: Option<usize>,
 }
 
 impl Overrides {

@@ -3,7 +3,7 @@
 //! `accept`, and the drain at shutdown; whether the proxy takes new work; and the plain
 //! [`accept`] the simulator uses.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -120,11 +120,12 @@ impl Throttled {
     }
 }
 
-/// Accepts connections until `shutdown` turns true, serving each with [`connection::serve`] and
-/// at most `max_connections` at once; returns the connections still open, for the drain.
+/// Accepts connections until `shutdown` turns true, serving each with [`connection::serve`]
+/// within `cap` (shared by the shards that accept from one listener); returns the connections
+/// still open, for the drain.
 pub(crate) async fn serve_listener<S, B, F>(
     listener: TcpListener,
-    max_connections: usize,
+    cap: Arc<Cap>,
     limits: connection::Limits,
     make: F,
     mut shutdown: watch::Receiver<bool>,
@@ -141,7 +142,7 @@ where
 {
     let make = Arc::new(make);
     let mut connections = JoinSet::new();
-    let refusing = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let refusing = Arc::new(AtomicUsize::new(0));
     let mut refused = Throttled::new("connection limit reached; refusing new connections with 503");
     let mut accept_failed = Throttled::new("accept failed");
     loop {
@@ -152,19 +153,17 @@ where
                     if let Err(e) = stream.set_nodelay(true) {
                         tracing::debug!(error = %e, "cannot set TCP_NODELAY");
                     }
-                    if connections.len() >= max_connections {
-                        refused.hit(&format_args!("{max_connections} open"));
+                    let Some(open) = cap.take() else {
+                        refused.hit(&format_args!("{} open", cap.max));
                         refuse(stream, &refusing);
                         continue;
-                    }
+                    };
                     let make = make.clone();
                     let shutdown = shutdown.clone();
-                    connections.spawn(connection::serve(
-                        stream,
-                        limits,
-                        move |conn| make(conn),
-                        shutdown,
-                    ));
+                    connections.spawn(async move {
+                        let _open = open;
+                        connection::serve(stream, limits, move |conn| make(conn), shutdown).await;
+                    });
                 }
                 Err(e) => {
                     accept_failed.hit(&e);
@@ -182,9 +181,43 @@ where
     connections
 }
 
+/// The open connections of one listener, at most `max`, counted across the shards that accept
+/// from it.
+pub(crate) struct Cap {
+    max: usize,
+    open: AtomicUsize,
+}
+
+impl Cap {
+    pub(crate) fn new(max: usize) -> Arc<Cap> {
+        Arc::new(Cap {
+            max,
+            open: AtomicUsize::new(0),
+        })
+    }
+
+    /// A place for one more connection, held until the guard is dropped; `None` at the cap.
+    fn take(self: &Arc<Self>) -> Option<Open> {
+        if self.open.fetch_add(1, Ordering::Relaxed) >= self.max {
+            self.open.fetch_sub(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(Open(self.clone()))
+    }
+}
+
+/// One open connection counted in its listener's [`Cap`].
+struct Open(Arc<Cap>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// Answers an over-limit connection with a 503 and closes it, within a second; past
 /// [`MAX_REFUSING`] refusals at once it is closed without a word.
-fn refuse(mut stream: TcpStream, refusing: &Arc<std::sync::atomic::AtomicUsize>) {
+fn refuse(mut stream: TcpStream, refusing: &Arc<AtomicUsize>) {
     use std::sync::atomic::Ordering::Relaxed;
     if refusing.fetch_add(1, Relaxed) >= MAX_REFUSING {
         refusing.fetch_sub(1, Relaxed);

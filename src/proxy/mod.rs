@@ -2,8 +2,9 @@
 //! drains them; the [`listener`] accepts connections and says whether the proxy is ready; the
 //! [`service`] takes one request through: a [`Recorder`](crate::measure::Recorder) started,
 //! the [`request_body`] read in passing for `model`, the request sent by [`forward`], the
-//! response handed back timed. [`admin`] serves what was published; [`generation`] is the
-//! configuration in force and its reload; [`error`] is the one place errors become HTTP.
+//! response handed back timed; each [`shard`] is a thread that serves the clients it accepted.
+//! [`admin`] serves what was published; [`generation`] is the configuration in force and its
+//! reload; [`error`] is the one place errors become HTTP.
 
 pub(crate) mod admin;
 pub(crate) mod connection;
@@ -15,6 +16,7 @@ pub(crate) mod listener;
 pub(crate) mod request_body;
 pub(crate) mod server;
 pub(crate) mod service;
+pub(crate) mod shard;
 pub(crate) mod upstream;
 
 pub use generation::{Overrides, Reloaded};

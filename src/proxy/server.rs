@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 use super::admin;
@@ -20,6 +20,7 @@ use super::engine_metrics;
 use super::generation::{Generations, Overrides, Reloaded};
 use super::listener::{self, Health};
 use super::service::Proxy;
+use super::shard;
 use crate::config::{Config, ConfigError};
 
 /// A started proxy: its bound addresses and the handle that drains it.
@@ -110,6 +111,7 @@ pub async fn start(
     let watch_interval = config.reload.watch_interval;
     let config_timeouts = config.timeouts;
     let upstream = config.upstream.clone();
+    let shards = overrides.shards.unwrap_or(1).clamp(1, shard::MAX);
     let generations = Arc::new(
         Generations::new(config, source, overrides)
             .map_err(|e| StartError(format!("cannot open the access log: {e}")))?,
@@ -117,6 +119,26 @@ pub async fn start(
     let proxy = Proxy::new(generations.clone());
     let health = Arc::new(Health::ready());
     let (shutdown, shutdown_rx) = watch::channel(false);
+    let cap = listener::Cap::new(listener::connection_cap(
+        generations.config().limits.max_connections,
+    ));
+    let mut others = Vec::with_capacity(shards - 1);
+    for index in 1..shards {
+        let shard = Shard {
+            index,
+            listener: duplicate(&listener)
+                .map_err(|e| StartError(format!("cannot share {listen} with a shard: {e}")))?,
+            proxy: proxy.clone(),
+            shutdown: shutdown_rx.clone(),
+            generations: generations.clone(),
+            cap: cap.clone(),
+        };
+        others.push(
+            shard
+                .spawn()
+                .map_err(|e| StartError(format!("cannot start shard {index}: {e}")))?,
+        );
+    }
     let admin_task = tokio::spawn(admin::serve(
         admin_listener,
         generations.clone(),
@@ -126,12 +148,15 @@ pub async fn start(
     ));
     let watch_task = tokio::spawn(generations.clone().watch(watch_interval));
     let sampler_task = tokio::spawn(engine_metrics::sample(generations.clone()));
-    let task = tokio::spawn(accept_loop(
-        listener,
-        proxy,
-        shutdown_rx,
-        generations.clone(),
-    ));
+    let task = tokio::spawn({
+        let generations = generations.clone();
+        async move {
+            accept_loop(listener, proxy, shutdown_rx, generations, cap).await;
+            for done in others {
+                let _ = done.await;
+            }
+        }
+    });
     tracing::info!(%listen, %admin, %upstream, "tokenmeter is serving");
     Ok(Running {
         listen,
@@ -156,14 +181,68 @@ fn client_limits(config: &Config) -> connection::Limits {
     }
 }
 
+/// Another descriptor of the client listener, for a shard to register in its own `epoll`.
+fn duplicate(listener: &TcpListener) -> std::io::Result<std::net::TcpListener> {
+    let socket = socket2::SockRef::from(listener).try_clone()?;
+    socket.set_nonblocking(true)?;
+    Ok(socket.into())
+}
+
+/// A shard other than the first: a thread with a single-threaded runtime that accepts from the
+/// client listener and serves what it accepted until the drain is over.
+struct Shard {
+    index: usize,
+    listener: std::net::TcpListener,
+    proxy: Proxy,
+    shutdown: watch::Receiver<bool>,
+    generations: Arc<Generations>,
+    cap: Arc<listener::Cap>,
+}
+
+impl Shard {
+    /// Starts the shard's thread; the receiver resolves when its drain is over.
+    fn spawn(self) -> std::io::Result<oneshot::Receiver<()>> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let (done, finished) = oneshot::channel();
+        std::thread::Builder::new()
+            .name(format!("tokenmeter-shard-{}", self.index))
+            .spawn(move || {
+                shard::enter(self.index);
+                runtime.block_on(async move {
+                    match TcpListener::from_std(self.listener) {
+                        Ok(listener) => {
+                            accept_loop(
+                                listener,
+                                self.proxy,
+                                self.shutdown,
+                                self.generations,
+                                self.cap,
+                            )
+                            .await
+                        }
+                        Err(e) => {
+                            tracing::error!(error = %e, shard = self.index, "a shard cannot accept")
+                        }
+                    }
+                });
+                // The drain is over: what is left on this runtime (refusals being written) goes.
+                drop(runtime);
+                let _ = done.send(());
+            })?;
+        Ok(finished)
+    }
+}
+
 async fn accept_loop(
     listener: TcpListener,
     proxy: Proxy,
     shutdown: watch::Receiver<bool>,
     generations: Arc<Generations>,
+    cap: Arc<listener::Cap>,
 ) {
     let config = generations.config();
-    let cap = listener::connection_cap(config.limits.max_connections);
     let connections = listener::serve_listener(
         listener,
         cap,
