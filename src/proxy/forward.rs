@@ -14,7 +14,6 @@
 //! is that an engine that did read the request computes it twice, which for inference has no
 //! side effect. A request on a new connection is never retried: its failure is the upstream's.
 
-use std::future::Future;
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,13 +21,12 @@ use std::time::Duration;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, Uri, Version};
 use http_body_util::Either;
-use hyper::body::Incoming;
 use prometheus::IntCounter;
 use tokio::time::Instant;
 
 use super::error::Error;
 use super::request_body::{RequestBody, Retained, Upload, UpstreamBody};
-use super::upstream::{Checkout, Pool, PooledBody};
+use super::upstream::{Checkout, Framing, Pool, PooledBody, UpstreamError};
 use crate::config::{Limits, Timeouts, Upstream};
 
 /// Retries by why they were needed, resolved once.
@@ -109,7 +107,7 @@ impl Forwarder {
         });
         let head = retained.as_ref().map(|_| clone_head(&parts));
         let request = self.upstream_request(parts, Either::Left(body));
-        let received_before = checkout.conn.info.received();
+        let received_before = checkout.conn.received();
         trip.reused = checkout.reused;
         trip.connect = checkout.connect;
         trip.handed = Some(Instant::now());
@@ -122,8 +120,8 @@ impl Forwarder {
                 return Ok(self.answered(response, checkout));
             }
             Err(Failure::TimedOut) => return Err(self.timed_out()),
-            Err(Failure::Hyper(error, unsent)) => {
-                let nothing_received = checkout.conn.info.received() == received_before;
+            Err(Failure::Upstream(error, unsent)) => {
+                let nothing_received = checkout.conn.received() == received_before;
                 // The client's own fault is the client's, whatever the connection did.
                 if let Some(fault) = upload.fault() {
                     return Err(Error::ClientBody {
@@ -164,7 +162,7 @@ impl Forwarder {
         match self.await_head(&mut checkout, again, upload).await {
             Ok(response) => Ok(self.answered(response, checkout)),
             Err(Failure::TimedOut) => Err(self.timed_out()),
-            Err(Failure::Hyper(error, _)) => match upload.fault() {
+            Err(Failure::Upstream(error, _)) => match upload.fault() {
                 Some(fault) => Err(Error::ClientBody {
                     fault,
                     source: Box::new(error),
@@ -179,11 +177,11 @@ impl Forwarder {
 
     fn answered(
         &self,
-        mut response: Response<Incoming>,
+        (mut response, framing): (Response<()>, Framing),
         checkout: Checkout,
     ) -> Response<PooledBody> {
         strip_hop_by_hop_response(response.headers_mut());
-        response.map(|body| PooledBody::new(body, self.pool.clone(), checkout.conn))
+        response.map(|()| PooledBody::new(checkout.conn, framing, self.pool.clone()))
     }
 
     fn timed_out(&self) -> Error {
@@ -193,32 +191,22 @@ impl Forwarder {
         }
     }
 
-    /// Hands the request to the connection and waits for the head, at most the response-head
+    /// Sends the request on the connection and waits for the head, at most the response-head
     /// timeout after the upload completed.
     async fn await_head(
         &self,
         checkout: &mut Checkout,
         request: Request<UpstreamBody>,
         upload: &Upload,
-    ) -> Result<Response<Incoming>, Failure> {
-        let send = checkout.conn.sender.try_send_request(request);
-        tokio::pin!(send);
-        // The connection is driven here, by the request, while its head is awaited.
-        let conn = &mut checkout.conn;
-        let sent = std::future::poll_fn(|cx| {
-            conn.drive(cx);
-            send.as_mut().poll(cx)
-        });
+    ) -> Result<(Response<()>, Framing), Failure> {
+        let sent = checkout.conn.exchange(request);
         let deadline = async {
             upload.complete().await;
             tokio::time::sleep(self.response_head_timeout).await;
         };
         tokio::select! {
             biased;
-            sent = sent => sent.map_err(|mut e| {
-                let unsent = e.take_message().map(Box::new);
-                Failure::Hyper(e.into_error(), unsent)
-            }),
+            sent = sent => sent.map_err(|(e, unsent)| Failure::Upstream(e, unsent)),
             () = deadline => Err(Failure::TimedOut),
         }
     }
@@ -258,9 +246,9 @@ impl Forwarder {
 /// How one attempt failed.
 enum Failure {
     TimedOut,
-    /// hyper's error, and the request when it was never written (boxed: a request head is
-    /// large, and this is the rare path).
-    Hyper(hyper::Error, Option<Box<Request<UpstreamBody>>>),
+    /// The exchange failed; the request comes back when none of it was written (boxed: a
+    /// request head is large, and this is the rare path).
+    Upstream(UpstreamError, Option<Box<Request<UpstreamBody>>>),
 }
 
 /// A copy of a request head, for sending the request again.

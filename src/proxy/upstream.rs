@@ -1,89 +1,468 @@
-//! The connections to the model server: a pool of HTTP/1.1 keep-alive connections, and the
-//! response body that gives its connection back to the pool when it ends.
+//! The connections to the model server: an HTTP/1.1 client of the proxy's own, a pool of
+//! keep-alive connections, and the response body that gives its connection back to the pool
+//! when it ends.
 //!
-//! The pool is the proxy's own (hyper's `client::conn`, not hyper-util's pooled client) because
-//! the proxy must know, for every request, whether its connection was new or reused, how long
-//! connecting took, and whether the connection received any byte of the response: a reused
-//! connection that the server closed while it sat idle (llama.cpp closes every kept-alive
-//! connection after a streamed response, without saying so) fails a request that the server
-//! never saw, and only then may the request be sent again (see `forward.rs`).
+//! The client is the proxy's own, not hyper's, for two reasons. The proxy must know, for every
+//! request, whether its connection was new or reused, how long connecting took, and whether the
+//! connection received any byte of the response: a reused connection that the server closed while
+//! it sat idle (llama.cpp closes every kept-alive connection after a streamed response, without
+//! saying so) fails a request that the server never saw, and only then may the request be sent
+//! again (see `forward.rs`). And it is the path of every frame: here a frame is read from the
+//! upstream socket, cut out of the read buffer (no copy) and handed to the client's connection
+//! in the same poll of the same task, without hyper's connection task, body channel and the
+//! wake-ups between them (README, "Against nginx", has what that saved per frame).
 //!
-//! A connection is driven by the request that uses it, not by a task of its own: the request's
-//! future polls it while waiting for the head, and the response body polls it before each frame.
-//! A frame then goes from the upstream socket to the client socket within one task, with one
-//! wake-up instead of two (a connection task, then the client's), and a client that stops reading
-//! stops the upstream reads with it. An idle connection is not polled at all until its next
-//! checkout, which notices if the server closed it meanwhile.
+//! What it speaks (RFC 9112): the request head in origin form, its body framed by its
+//! `Content-Length` or chunked; the response head parsed by `httparse` (1xx answers skipped), its
+//! body framed by `Transfer-Encoding: chunked` (trailers handed on), `Content-Length`, or the
+//! connection's close; no body for `HEAD`, 204 and 304. A connection is reused only when the
+//! exchange ended cleanly on both sides and the response allowed it (HTTP/1.1, no
+//! `Connection: close`, not framed by the close). A response that arrives before the request
+//! body was all sent ends the sending (the server has decided) and the connection is not reused.
+//!
+//! A connection is driven only by the request that uses it; an idle one is not polled at all
+//! until its next checkout, which looks (`MSG_PEEK`) whether the server closed it meanwhile.
 
+use std::collections::VecDeque;
 use std::future::Future;
+use std::io::{self, IoSlice};
+use std::mem::MaybeUninit;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
-use hyper::client::conn::http1::SendRequest;
-use hyper_util::rt::TokioIo;
-use pin_project_lite::pin_project;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncReadExt, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::request_body::UpstreamBody;
+use super::shard;
 
 /// How long an idle connection is kept: under the usual keep-alive timeouts of servers (uvicorn
 /// 5 s is the exception, and its early closes are what the retry is for).
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
-/// Idle connections kept at most; more are closed when they come back.
+/// Idle connections kept at most per shard; more are closed when they come back.
 const MAX_IDLE: usize = 1024;
-/// How long a pooled connection may take to become ready for its next request.
-const READY_WAIT: Duration = Duration::from_millis(100);
-/// hyper's read buffer for a response: response chunks handed on are at most this large.
-const READ_BUFFER: usize = 64 << 10;
+/// The read buffer's first size, enough for a response head and dozens of SSE events; it
+/// doubles while reads fill it, up to [`READ_BUFFER_MAX`], and is freed when the connection
+/// goes idle.
+const READ_BUFFER_MIN: usize = 4 << 10;
+/// The largest read: response heads must fit in it, and frames handed on are at most this large.
+const READ_BUFFER_MAX: usize = 64 << 10;
+/// Response header fields at most (hyper's limit is 100).
+const MAX_HEADERS: usize = 128;
+/// The longest chunk-size line (with extensions) and the most trailer bytes accepted.
+const MAX_CHUNK_LINE: usize = 4 << 10;
+const MAX_TRAILER_BYTES: usize = 16 << 10;
 
-/// What the proxy knows of one upstream connection.
-pub(crate) struct ConnInfo {
-    /// Bytes received on the connection so far.
-    received: AtomicU64,
+/// Why an exchange with the upstream failed.
+#[derive(Debug)]
+pub(crate) enum UpstreamError {
+    /// The socket failed.
+    Io(io::Error),
+    /// The upstream closed the connection before the response, or its body, was complete.
+    Closed,
+    /// The response does not parse as HTTP/1.1.
+    Invalid(&'static str),
+    /// The request body could not be read (the client's side; see `Upload::fault`).
+    RequestBody(Box<dyn std::error::Error + Send + Sync>),
 }
 
-impl ConnInfo {
-    pub(crate) fn received(&self) -> u64 {
-        self.received.load(Ordering::Relaxed)
+impl std::fmt::Display for UpstreamError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            UpstreamError::Io(e) => write!(f, "{e}"),
+            UpstreamError::Closed => {
+                f.write_str("the connection closed before the response was complete")
+            }
+            UpstreamError::Invalid(what) => write!(f, "invalid response: {what}"),
+            UpstreamError::RequestBody(e) => write!(f, "the request body failed: {e}"),
+        }
     }
 }
 
-/// hyper's side of one upstream connection: the future that reads and writes its socket.
-type Connection = hyper::client::conn::http1::Connection<TokioIo<Counted>, UpstreamBody>;
+impl std::error::Error for UpstreamError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            UpstreamError::Io(e) => Some(e),
+            UpstreamError::RequestBody(e) => Some(e.as_ref()),
+            UpstreamError::Closed | UpstreamError::Invalid(_) => None,
+        }
+    }
+}
 
-/// One upstream connection: the handle to send on and the connection to drive.
+/// A failed exchange: why, and the request when none of it was written.
+pub(crate) type Unsent = (UpstreamError, Option<Box<Request<UpstreamBody>>>);
+
+/// How a response body is delimited (RFC 9112 §6.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Framing {
+    Empty,
+    Length(u64),
+    Chunked,
+    Close,
+}
+
+/// One upstream connection.
 pub(crate) struct Conn {
-    pub(crate) sender: SendRequest<UpstreamBody>,
-    driver: Pin<Box<Connection>>,
-    /// The connection future has finished: the connection is closed.
-    ended: bool,
-    pub(crate) info: Arc<ConnInfo>,
+    stream: TcpStream,
+    read: BytesMut,
+    /// The next read's size.
+    read_size: usize,
+    /// Bytes received on the connection so far.
+    received: u64,
+    /// It may carry another request once the current exchange ends.
+    reusable: bool,
 }
 
 impl Conn {
-    /// Drives the connection: reads and writes whatever its socket allows now.
-    pub(crate) fn drive(&mut self, cx: &mut Context<'_>) {
-        if !self.ended {
-            if let Poll::Ready(result) = self.driver.as_mut().poll(cx) {
-                if let Err(e) = result {
-                    tracing::debug!(error = %e, "upstream connection ended with an error");
-                }
-                self.ended = true;
-            }
+    fn new(stream: TcpStream) -> Conn {
+        Conn {
+            stream,
+            read: BytesMut::new(),
+            read_size: READ_BUFFER_MIN,
+            received: 0,
+            reusable: true,
         }
     }
 
-    fn is_open(&self) -> bool {
-        !self.ended && !self.sender.is_closed()
+    /// Bytes received on the connection so far.
+    pub(crate) fn received(&self) -> u64 {
+        self.received
     }
+
+    /// Whether the server has closed an idle connection (or sent something unasked): one
+    /// `recv` with `MSG_PEEK`, which takes nothing from the socket.
+    fn is_open(&self) -> bool {
+        let mut byte = [MaybeUninit::<u8>::uninit(); 1];
+        match socket2::SockRef::from(&self.stream).peek(&mut byte) {
+            Err(e) => e.kind() == io::ErrorKind::WouldBlock,
+            Ok(_) => false,
+        }
+    }
+
+    /// Reads what the socket has into the buffer; `Ok(0)` is the end of the stream.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if self.read.capacity() - self.read.len() < self.read_size / 2 {
+            self.read.reserve(self.read_size);
+        }
+        let room = self.read.capacity() - self.read.len();
+        let read = self.stream.read_buf(&mut self.read);
+        tokio::pin!(read);
+        let n = ready!(read.poll(cx))?;
+        self.received += n as u64;
+        if n == room && self.read_size < READ_BUFFER_MAX {
+            self.read_size *= 2;
+        }
+        Poll::Ready(Ok(n))
+    }
+
+    /// Sends the request and waits for its response head (1xx answers skipped); the body
+    /// follows with [`PooledBody`]. A request that failed before any byte of it was written is
+    /// handed back, for sending elsewhere.
+    pub(crate) async fn exchange(
+        &mut self,
+        request: Request<UpstreamBody>,
+    ) -> Result<(Response<()>, Framing), Unsent> {
+        let (parts, mut body) = request.into_parts();
+        let is_head = parts.method == Method::HEAD;
+        let mut sending = Sending::new(&parts, &body);
+        let mut unsent = Some(parts);
+        let result = std::future::poll_fn(|cx| {
+            // Send what can be sent now; then see whether the answer has come.
+            if !sending.done {
+                match sending.poll(&mut self.stream, &mut body, cx) {
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Ready(Ok(())) | Poll::Pending => {}
+                }
+                if sending.written > 0 {
+                    unsent = None;
+                }
+            }
+            loop {
+                match parse_head(&mut self.read, is_head) {
+                    Err(e) => return Poll::Ready(Err(e)),
+                    Ok(Some(head)) => return Poll::Ready(Ok(head)),
+                    Ok(None) if self.read.len() >= READ_BUFFER_MAX => {
+                        return Poll::Ready(Err(UpstreamError::Invalid(
+                            "a response head larger than 64 KiB",
+                        )))
+                    }
+                    Ok(None) => {}
+                }
+                match ready!(self.poll_fill(cx)) {
+                    Ok(0) => return Poll::Ready(Err(UpstreamError::Closed)),
+                    Ok(_) => {}
+                    Err(e) => return Poll::Ready(Err(UpstreamError::Io(e))),
+                }
+            }
+        })
+        .await;
+        match result {
+            Ok((response, framing, keep_alive)) => {
+                // An answer before the whole request was sent ends the sending: the server has
+                // decided, and what it did not read leaves the connection unusable.
+                self.reusable = keep_alive && sending.done && framing != Framing::Close;
+                Ok((response, framing))
+            }
+            Err(e) => {
+                self.reusable = false;
+                let unsent = unsent.map(|parts| Box::new(Request::from_parts(parts, body)));
+                Err((e, unsent))
+            }
+        }
+    }
+}
+
+/// A request on its way out: the head, then the body as it comes, each chunk written with
+/// vectored writes and never copied.
+struct Sending {
+    queue: VecDeque<Bytes>,
+    chunked: bool,
+    /// The body has ended (its last bytes may still be queued).
+    body_done: bool,
+    /// Everything was written.
+    done: bool,
+    /// Bytes written so far.
+    written: u64,
+}
+
+impl Sending {
+    fn new(parts: &http::request::Parts, body: &UpstreamBody) -> Sending {
+        let mut head = Vec::with_capacity(256);
+        head.extend_from_slice(parts.method.as_str().as_bytes());
+        head.push(b' ');
+        let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        head.extend_from_slice(target.as_bytes());
+        head.extend_from_slice(b" HTTP/1.1\r\n");
+        for (name, value) in &parts.headers {
+            head.extend_from_slice(name.as_str().as_bytes());
+            head.extend_from_slice(b": ");
+            head.extend_from_slice(value.as_bytes());
+            head.extend_from_slice(b"\r\n");
+        }
+        // The body's framing: the client's Content-Length when it gave one (the transfer coding
+        // was its connection's and is gone), else the body's known length, else chunked.
+        let mut chunked = false;
+        let empty = body.is_end_stream();
+        if !parts.headers.contains_key(header::CONTENT_LENGTH) {
+            match body.size_hint().exact() {
+                Some(0) if empty && !carries_body(&parts.method) => {}
+                Some(n) => {
+                    head.extend_from_slice(format!("content-length: {n}\r\n").as_bytes());
+                }
+                None => {
+                    head.extend_from_slice(b"transfer-encoding: chunked\r\n");
+                    chunked = true;
+                }
+            }
+        }
+        head.extend_from_slice(b"\r\n");
+        let mut queue = VecDeque::with_capacity(4);
+        queue.push_back(Bytes::from(head));
+        Sending {
+            queue,
+            chunked,
+            body_done: empty,
+            done: false,
+            written: 0,
+        }
+    }
+
+    /// Writes until the socket is full or the request is all sent.
+    fn poll(
+        &mut self,
+        stream: &mut TcpStream,
+        body: &mut UpstreamBody,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), UpstreamError>> {
+        loop {
+            if !self.queue.is_empty() {
+                let mut slices = [IoSlice::new(&[]); 8];
+                let mut count = 0;
+                for (slot, chunk) in slices.iter_mut().zip(&self.queue) {
+                    *slot = IoSlice::new(chunk);
+                    count += 1;
+                }
+                let n = ready!(Pin::new(&mut *stream).poll_write_vectored(cx, &slices[..count]))
+                    .map_err(UpstreamError::Io)?;
+                if n == 0 {
+                    return Poll::Ready(Err(UpstreamError::Io(io::ErrorKind::WriteZero.into())));
+                }
+                self.written += n as u64;
+                let mut left = n;
+                while left > 0 {
+                    let Some(front) = self.queue.front_mut() else {
+                        break;
+                    };
+                    if front.len() <= left {
+                        left -= front.len();
+                        self.queue.pop_front();
+                    } else {
+                        front.advance(left);
+                        left = 0;
+                    }
+                }
+                continue;
+            }
+            if self.body_done {
+                self.done = true;
+                return Poll::Ready(Ok(()));
+            }
+            match ready!(Pin::new(&mut *body).poll_frame(cx)) {
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        if data.is_empty() {
+                            continue;
+                        }
+                        if self.chunked {
+                            let size = format!("{:x}\r\n", data.len());
+                            self.queue.push_back(Bytes::from(size));
+                            self.queue.push_back(data);
+                            self.queue.push_back(Bytes::from_static(b"\r\n"));
+                        } else {
+                            self.queue.push_back(data);
+                        }
+                    }
+                    // Request trailers are not forwarded.
+                }
+                Some(Err(e)) => return Poll::Ready(Err(UpstreamError::RequestBody(e))),
+                None => {
+                    self.body_done = true;
+                    if self.chunked {
+                        self.queue.push_back(Bytes::from_static(b"0\r\n\r\n"));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Methods whose empty body is still announced with `Content-Length: 0`.
+fn carries_body(method: &Method) -> bool {
+    !matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::DELETE | Method::OPTIONS | Method::TRACE
+    )
+}
+
+/// Parses a final response head off the front of `buf` (1xx answers are dropped); `None` until
+/// a whole head is buffered. Gives the head, how its body is framed, and whether the
+/// connection may be kept.
+fn parse_head(
+    buf: &mut BytesMut,
+    is_head: bool,
+) -> Result<Option<(Response<()>, Framing, bool)>, UpstreamError> {
+    loop {
+        let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut parsed = httparse::Response::new(&mut fields);
+        let len = match parsed.parse(buf) {
+            Ok(httparse::Status::Complete(len)) => len,
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(httparse::Error::TooManyHeaders) => {
+                return Err(UpstreamError::Invalid("more than 128 header fields"))
+            }
+            Err(_) => return Err(UpstreamError::Invalid("a malformed response head")),
+        };
+        let code = parsed.code.unwrap_or(0);
+        let status = StatusCode::from_u16(code)
+            .map_err(|_| UpstreamError::Invalid("a status code out of range"))?;
+        if status == StatusCode::SWITCHING_PROTOCOLS {
+            return Err(UpstreamError::Invalid(
+                "101 Switching Protocols (no upgrades)",
+            ));
+        }
+        if status.is_informational() {
+            buf.advance(len);
+            continue;
+        }
+        let version = if parsed.version == Some(0) {
+            Version::HTTP_10
+        } else {
+            Version::HTTP_11
+        };
+        let mut headers = HeaderMap::with_capacity(parsed.headers.len());
+        for field in parsed.headers.iter() {
+            let name = HeaderName::from_bytes(field.name.as_bytes())
+                .map_err(|_| UpstreamError::Invalid("a header name"))?;
+            let value = HeaderValue::from_bytes(field.value)
+                .map_err(|_| UpstreamError::Invalid("a header value"))?;
+            headers.append(name, value);
+        }
+        buf.advance(len);
+        let framing = framing(status, is_head, &headers)?;
+        let close = has_token(&headers, header::CONNECTION, "close");
+        let keep_alive = if version == Version::HTTP_10 {
+            has_token(&headers, header::CONNECTION, "keep-alive") && !close
+        } else {
+            !close
+        };
+        let mut response = Response::new(());
+        *response.status_mut() = status;
+        *response.version_mut() = version;
+        *response.headers_mut() = headers;
+        return Ok(Some((response, framing, keep_alive)));
+    }
+}
+
+/// How the body of a response is delimited (RFC 9112 §6.3).
+fn framing(
+    status: StatusCode,
+    is_head: bool,
+    headers: &HeaderMap,
+) -> Result<Framing, UpstreamError> {
+    if is_head || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+        return Ok(Framing::Empty);
+    }
+    if let Some(last) = headers
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .next_back()
+    {
+        let last = last.to_str().unwrap_or("");
+        let chunked = last
+            .rsplit(',')
+            .next()
+            .is_some_and(|c| c.trim().eq_ignore_ascii_case("chunked"));
+        return Ok(if chunked {
+            Framing::Chunked
+        } else {
+            Framing::Close
+        });
+    }
+    let mut length = None;
+    for value in headers.get_all(header::CONTENT_LENGTH) {
+        for part in value.to_str().unwrap_or("x").split(',') {
+            let n: u64 = part
+                .trim()
+                .parse()
+                .map_err(|_| UpstreamError::Invalid("a Content-Length that is not a number"))?;
+            if length.is_some_and(|l| l != n) {
+                return Err(UpstreamError::Invalid("Content-Length values that differ"));
+            }
+            length = Some(n);
+        }
+    }
+    Ok(match length {
+        Some(0) => Framing::Empty,
+        Some(n) => Framing::Length(n),
+        None => Framing::Close,
+    })
+}
+
+/// Whether a comma-separated header names `token` (case-insensitive).
+fn has_token(headers: &HeaderMap, name: HeaderName, token: &str) -> bool {
+    headers.get_all(name).iter().any(|v| {
+        v.to_str()
+            .unwrap_or("")
+            .split(',')
+            .any(|t| t.trim().eq_ignore_ascii_case(token))
+    })
 }
 
 /// A connection taken from the pool (or just made) for one request.
@@ -100,20 +479,21 @@ struct Idle {
     since: Instant,
 }
 
-/// The idle connections to one upstream.
+/// The idle connections to one upstream, kept per shard: a connection's socket is watched by
+/// the `epoll` of the shard that made it, so only that shard's requests reuse it (another
+/// shard's would be woken through the first one's thread, one more wake-up per frame).
 pub(crate) struct Pool {
     /// `host:port`.
     authority: String,
     connect_timeout: Duration,
-    idle: Mutex<Vec<Idle>>,
+    idle: Box<[Mutex<Vec<Idle>>]>,
 }
 
 /// Why no connection could be had.
 #[derive(Debug)]
 pub(crate) enum ConnectError {
     TimedOut(Duration),
-    Io(std::io::Error),
-    Handshake(hyper::Error),
+    Io(io::Error),
 }
 
 impl std::fmt::Display for ConnectError {
@@ -125,7 +505,6 @@ impl std::fmt::Display for ConnectError {
                 humantime::format_duration(*after)
             ),
             ConnectError::Io(e) => write!(f, "{e}"),
-            ConnectError::Handshake(e) => write!(f, "{e}"),
         }
     }
 }
@@ -137,35 +516,24 @@ impl Pool {
         Pool {
             authority,
             connect_timeout,
-            idle: Mutex::new(Vec::new()),
+            idle: (0..shard::MAX).map(|_| Mutex::new(Vec::new())).collect(),
         }
+    }
+
+    /// This shard's idle connections.
+    fn idle(&self) -> &Mutex<Vec<Idle>> {
+        &self.idle[shard::current() % self.idle.len()]
     }
 
     /// The most recently used idle connection that is still open, else a new one.
     pub(crate) async fn checkout(&self) -> Result<Checkout, ConnectError> {
         let now = Instant::now();
         loop {
-            let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
-            let Some(Idle { mut conn, since }) = idle else {
+            let idle = self.idle().lock().unwrap_or_else(|p| p.into_inner()).pop();
+            let Some(Idle { conn, since }) = idle else {
                 break;
             };
-            if now.saturating_duration_since(since) > IDLE_TIMEOUT {
-                continue;
-            }
-            // Not polled while idle: drive it now, to learn whether the server closed it and to
-            // let hyper make it ready for the next request (a moment after the last response).
-            let ready = tokio::time::timeout(
-                READY_WAIT,
-                std::future::poll_fn(|cx| {
-                    conn.drive(cx);
-                    if !conn.is_open() {
-                        return Poll::Ready(false);
-                    }
-                    conn.sender.poll_ready(cx).map(|r| r.is_ok())
-                }),
-            )
-            .await;
-            if matches!(ready, Ok(true)) && conn.is_open() {
+            if now.saturating_duration_since(since) <= IDLE_TIMEOUT && conn.is_open() {
                 return Ok(Checkout {
                     conn,
                     reused: true,
@@ -185,24 +553,7 @@ impl Pool {
                 .map_err(ConnectError::Io)?;
             // Without TCP_NODELAY, small SSE writes meet Nagle and delayed ACKs: a 40 ms stall.
             stream.set_nodelay(true).map_err(ConnectError::Io)?;
-            let info = Arc::new(ConnInfo {
-                received: AtomicU64::new(0),
-            });
-            let io = TokioIo::new(Counted {
-                stream,
-                info: info.clone(),
-            });
-            let (sender, driver) = hyper::client::conn::http1::Builder::new()
-                .max_buf_size(READ_BUFFER)
-                .handshake(io)
-                .await
-                .map_err(ConnectError::Handshake)?;
-            Ok(Conn {
-                sender,
-                driver: Box::pin(driver),
-                ended: false,
-                info,
-            })
+            Ok(Conn::new(stream))
         };
         let conn = tokio::time::timeout(self.connect_timeout, connecting)
             .await
@@ -214,13 +565,16 @@ impl Pool {
         })
     }
 
-    /// A connection whose response ended cleanly comes back for the next request.
-    fn checkin(&self, conn: Conn) {
-        if !conn.is_open() {
+    /// A connection whose exchange ended cleanly comes back for the next request, its read
+    /// buffer freed (an idle connection holds no memory but its socket).
+    fn checkin(&self, mut conn: Conn) {
+        if !conn.reusable || !conn.read.is_empty() {
             return;
         }
+        conn.read = BytesMut::new();
+        conn.read_size = READ_BUFFER_MIN;
         let now = Instant::now();
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let mut idle = self.idle().lock().unwrap_or_else(|p| p.into_inner());
         // The oldest are at the front: drop those past their time, and any beyond the cap.
         let expired = idle
             .iter()
@@ -234,132 +588,294 @@ impl Pool {
     }
 }
 
-pin_project! {
-    /// The upstream's response body, driving its connection before each frame; when it ends
-    /// cleanly its connection goes back to the pool. Dropped before its end (the client went
-    /// away), the connection is closed with it, which stops the model server's generation.
-    pub(crate) struct PooledBody {
-        #[pin]
-        inner: Incoming,
-        conn: Option<Conn>,
-        pool: Arc<Pool>,
-        // An error held back for one poll (see poll_frame).
-        failed: Option<hyper::Error>,
-    }
+/// Where the decoding of a response body is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Decode {
+    /// This many bytes are left (`Content-Length`).
+    Length(u64),
+    /// Until the connection closes.
+    Close,
+    /// Chunked: a chunk-size line is next.
+    Size,
+    /// Chunked: this many bytes of the current chunk are left.
+    Data(u64),
+    /// Chunked: the CRLF after a chunk's data is next.
+    DataEnd,
+    /// Chunked: trailer fields, up to an empty line.
+    Trailers,
+    /// The body is over.
+    Done,
+}
+
+/// The upstream's response body, read straight from its connection: each frame is a slice of
+/// the read buffer. When it ends cleanly its connection goes back to the pool. Dropped before
+/// its end (the client went away), the connection is closed with it, which stops the model
+/// server's generation.
+pub(crate) struct PooledBody {
+    conn: Option<Conn>,
+    pool: Arc<Pool>,
+    decode: Decode,
+    trailers: Option<HeaderMap>,
+    trailer_bytes: usize,
+    // An error held back for one poll (see poll_frame).
+    failed: Option<UpstreamError>,
 }
 
 impl PooledBody {
-    pub(crate) fn new(inner: Incoming, pool: Arc<Pool>, conn: Conn) -> Self {
+    pub(crate) fn new(conn: Conn, framing: Framing, pool: Arc<Pool>) -> Self {
+        let decode = match framing {
+            Framing::Empty => Decode::Done,
+            Framing::Length(n) => Decode::Length(n),
+            Framing::Chunked => Decode::Size,
+            Framing::Close => Decode::Close,
+        };
         let mut body = PooledBody {
-            inner,
             conn: Some(conn),
             pool,
+            decode,
+            trailers: None,
+            trailer_bytes: 0,
             failed: None,
         };
-        if body.inner.is_end_stream() {
-            if let Some(conn) = body.conn.take() {
-                body.pool.checkin(conn);
-            }
-        }
+        body.settle();
         body
     }
+
+    /// Once the body is over, its connection goes back to the pool.
+    fn settle(&mut self) {
+        if self.decode == Decode::Done && self.trailers.is_none() {
+            if let Some(conn) = self.conn.take() {
+                self.pool.checkin(conn);
+            }
+        }
+    }
+
+    /// The next frame the buffer holds, if any; moves over framing bytes as it goes.
+    fn decode(&mut self) -> Result<Option<Frame<Bytes>>, UpstreamError> {
+        let Some(conn) = self.conn.as_mut() else {
+            return Ok(None);
+        };
+        let buf = &mut conn.read;
+        loop {
+            match self.decode {
+                Decode::Done => return Ok(self.trailers.take().map(Frame::trailers)),
+                Decode::Length(left) => {
+                    if buf.is_empty() {
+                        return Ok(None);
+                    }
+                    let n = (buf.len() as u64).min(left);
+                    let data = buf.split_to(n as usize).freeze();
+                    self.decode = if n == left {
+                        Decode::Done
+                    } else {
+                        Decode::Length(left - n)
+                    };
+                    return Ok(Some(Frame::data(data)));
+                }
+                Decode::Close => {
+                    if buf.is_empty() {
+                        return Ok(None);
+                    }
+                    return Ok(Some(Frame::data(buf.split().freeze())));
+                }
+                Decode::Size => {
+                    let Some(end) = memchr::memchr(b'\n', buf) else {
+                        if buf.len() > MAX_CHUNK_LINE {
+                            return Err(UpstreamError::Invalid("a chunk-size line too long"));
+                        }
+                        return Ok(None);
+                    };
+                    let size = chunk_size(&buf[..end])?;
+                    buf.advance(end + 1);
+                    self.decode = if size == 0 {
+                        Decode::Trailers
+                    } else {
+                        Decode::Data(size)
+                    };
+                }
+                Decode::Data(left) => {
+                    if buf.is_empty() {
+                        return Ok(None);
+                    }
+                    let n = (buf.len() as u64).min(left);
+                    let data = buf.split_to(n as usize).freeze();
+                    self.decode = if n == left {
+                        Decode::DataEnd
+                    } else {
+                        Decode::Data(left - n)
+                    };
+                    // Move over what follows (the CRLF, the last chunk, no trailers) when it is
+                    // here already, so the frame that ends the body says so.
+                    self.skip_framing();
+                    return Ok(Some(Frame::data(data)));
+                }
+                Decode::DataEnd => match buf.first() {
+                    None => return Ok(None),
+                    Some(b'\n') => {
+                        buf.advance(1);
+                        self.decode = Decode::Size;
+                    }
+                    Some(b'\r') if buf.len() < 2 => return Ok(None),
+                    Some(b'\r') if buf[1] == b'\n' => {
+                        buf.advance(2);
+                        self.decode = Decode::Size;
+                    }
+                    Some(_) => return Err(UpstreamError::Invalid("no CRLF after a chunk")),
+                },
+                Decode::Trailers => {
+                    let Some(end) = memchr::memchr(b'\n', buf) else {
+                        if buf.len() > MAX_TRAILER_BYTES {
+                            return Err(UpstreamError::Invalid("trailers too large"));
+                        }
+                        return Ok(None);
+                    };
+                    let line = &buf[..end];
+                    let line = line.strip_suffix(b"\r").unwrap_or(line);
+                    if line.is_empty() {
+                        buf.advance(end + 1);
+                        self.decode = Decode::Done;
+                        continue;
+                    }
+                    self.trailer_bytes += end + 1;
+                    if self.trailer_bytes > MAX_TRAILER_BYTES {
+                        return Err(UpstreamError::Invalid("trailers too large"));
+                    }
+                    if let Some((name, value)) = trailer(line) {
+                        self.trailers
+                            .get_or_insert_with(HeaderMap::new)
+                            .append(name, value);
+                    }
+                    buf.advance(end + 1);
+                }
+            }
+        }
+    }
+
+    /// After a chunk's data: moves over the CRLF and a final `0` chunk with no trailers when
+    /// they are buffered; anything else waits for the next poll.
+    fn skip_framing(&mut self) {
+        let Some(conn) = self.conn.as_mut() else {
+            return;
+        };
+        let buf = &mut conn.read;
+        if self.decode != Decode::DataEnd {
+            return;
+        }
+        let crlf = if buf.starts_with(b"\r\n") {
+            2
+        } else if buf.starts_with(b"\n") {
+            1
+        } else {
+            return;
+        };
+        buf.advance(crlf);
+        self.decode = Decode::Size;
+        for last in [&b"0\r\n\r\n"[..], b"0\n\n", b"0\r\n\n", b"0\n\r\n"] {
+            if buf.starts_with(last) {
+                buf.advance(last.len());
+                self.decode = Decode::Done;
+                return;
+            }
+        }
+    }
+}
+
+/// A chunk-size line's size (extensions after `;` ignored).
+fn chunk_size(line: &[u8]) -> Result<u64, UpstreamError> {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let digits = line
+        .iter()
+        .position(|b| !b.is_ascii_hexdigit())
+        .unwrap_or(line.len());
+    if digits == 0 || digits > 15 {
+        return Err(UpstreamError::Invalid("a chunk size that is not hex"));
+    }
+    let rest = &line[digits..];
+    let rest = rest.trim_ascii_start();
+    if !(rest.is_empty() || rest.starts_with(b";")) {
+        return Err(UpstreamError::Invalid("a chunk size that is not hex"));
+    }
+    let text = std::str::from_utf8(&line[..digits]).unwrap_or("x");
+    u64::from_str_radix(text, 16)
+        .map_err(|_| UpstreamError::Invalid("a chunk size that is not hex"))
+}
+
+/// One trailer field, if it is a valid one (invalid ones are dropped, not fatal).
+fn trailer(line: &[u8]) -> Option<(HeaderName, HeaderValue)> {
+    let colon = memchr::memchr(b':', line)?;
+    let name = HeaderName::from_bytes(&line[..colon]).ok()?;
+    let value = HeaderValue::from_bytes(line[colon + 1..].trim_ascii()).ok()?;
+    Some((name, value))
 }
 
 impl Body for PooledBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = UpstreamError;
 
     fn poll_frame(
-        self: Pin<&mut Self>,
+        mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let mut this = self.project();
+    ) -> Poll<Option<Result<Frame<Bytes>, UpstreamError>>> {
+        let this = &mut *self;
         if let Some(error) = this.failed.take() {
             return Poll::Ready(Some(Err(error)));
         }
-        if let Some(conn) = this.conn.as_mut() {
-            conn.drive(cx);
-        }
-        let polled = std::task::ready!(this.inner.as_mut().poll_frame(cx));
-        let ended = match polled {
-            None => true,
-            Some(Ok(ref frame)) => frame.is_trailers() || this.inner.is_end_stream(),
-            Some(Err(error)) => {
-                this.conn.take();
-                // The frames handed on before the break may still sit in hyper's write buffer,
-                // which an error would discard with the connection: give it one turn to send
-                // them (it flushes when the body is pending), then report the error.
-                *this.failed = Some(error);
-                cx.waker().wake_by_ref();
-                return Poll::Pending;
+        loop {
+            match this.decode() {
+                Ok(Some(frame)) => {
+                    this.settle();
+                    return Poll::Ready(Some(Ok(frame)));
+                }
+                Ok(None) if this.decode == Decode::Done => {
+                    this.settle();
+                    return Poll::Ready(None);
+                }
+                Ok(None) => {}
+                Err(error) => return this.fail(error, cx),
             }
-        };
-        if ended {
-            if let Some(conn) = this.conn.take() {
-                this.pool.checkin(conn);
+            let Some(conn) = this.conn.as_mut() else {
+                return Poll::Ready(None);
+            };
+            match ready!(conn.poll_fill(cx)) {
+                Ok(0) if this.decode == Decode::Close => {
+                    // The close is this body's end; the connection goes with it.
+                    this.decode = Decode::Done;
+                    this.conn = None;
+                    return Poll::Ready(None);
+                }
+                Ok(0) => return this.fail(UpstreamError::Closed, cx),
+                Ok(_) => {}
+                Err(e) => return this.fail(UpstreamError::Io(e), cx),
             }
         }
-        Poll::Ready(polled)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.decode == Decode::Done && self.trailers.is_none() && self.failed.is_none()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-/// The upstream socket, counting what it receives.
-struct Counted {
-    stream: TcpStream,
-    info: Arc<ConnInfo>,
-}
-
-impl AsyncRead for Counted {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let this = &mut *self;
-        let polled = Pin::new(&mut this.stream).poll_read(cx, buf);
-        let got = buf.filled().len() - before;
-        if got > 0 {
-            this.info.received.fetch_add(got as u64, Ordering::Relaxed);
+        match self.decode {
+            Decode::Done => SizeHint::with_exact(0),
+            Decode::Length(left) => SizeHint::with_exact(left),
+            _ => SizeHint::default(),
         }
-        polled
     }
 }
 
-impl AsyncWrite for Counted {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
+impl PooledBody {
+    /// The frames handed on before a break may still sit in hyper's write buffer, which an
+    /// error would discard with the client connection: give it one turn to send them (it
+    /// flushes when the body is pending), then report the error.
+    fn fail(
+        &mut self,
+        error: UpstreamError,
         cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stream).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stream).poll_shutdown(cx)
+    ) -> Poll<Option<Result<Frame<Bytes>, UpstreamError>>> {
+        self.conn = None;
+        self.decode = Decode::Done;
+        self.failed = Some(error);
+        cx.waker().wake_by_ref();
+        Poll::Pending
     }
 }
