@@ -362,6 +362,16 @@ pub(crate) struct ReplayBody {
     frames: VecDeque<Bytes>,
 }
 
+#[cfg(test)]
+impl ReplayBody {
+    /// A body of these frames.
+    pub(crate) fn of(frames: Vec<Bytes>) -> ReplayBody {
+        ReplayBody {
+            frames: frames.into(),
+        }
+    }
+}
+
 impl Body for ReplayBody {
     type Data = Bytes;
     type Error = std::convert::Infallible;

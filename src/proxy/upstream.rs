@@ -879,3 +879,296 @@ impl PooledBody {
         Poll::Pending
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The client against a raw socket that answers with exact bytes: framing, trailers, 1xx,
+    //! HEAD, close-delimited bodies, early answers, and what goes back to the pool.
+
+    use http_body_util::BodyExt;
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::TcpListener;
+
+    use super::*;
+    use crate::proxy::request_body::ReplayBody;
+
+    /// A server that reads one request head (and `body` more bytes), then writes `answer` in
+    /// the given pieces; returns what it read.
+    async fn server(
+        answer: Vec<&'static [u8]>,
+        close: bool,
+    ) -> (String, tokio::task::JoinHandle<Vec<u8>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let task = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut seen = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = socket.read(&mut buf).await.unwrap();
+                if n == 0 {
+                    break;
+                }
+                seen.extend_from_slice(&buf[..n]);
+            }
+            for piece in answer {
+                socket.write_all(piece).await.unwrap();
+                socket.flush().await.unwrap();
+                tokio::task::yield_now().await;
+            }
+            if close {
+                socket.shutdown().await.unwrap();
+            } else {
+                // Keep the connection open until the client is done with it.
+                let _ = socket.read(&mut buf).await;
+            }
+            seen
+        });
+        (addr, task)
+    }
+
+    fn request(method: Method, body: Vec<Bytes>) -> Request<UpstreamBody> {
+        let mut request = Request::new(http_body_util::Either::Right(ReplayBody::of(body)));
+        *request.method_mut() = method;
+        *request.uri_mut() = "/v1/chat/completions?x=1".parse().unwrap();
+        request
+            .headers_mut()
+            .insert(header::HOST, HeaderValue::from_static("upstream"));
+        request
+    }
+
+    async fn fetch(
+        pool: &Arc<Pool>,
+        method: Method,
+    ) -> Result<(Response<()>, Vec<Frame<Bytes>>), UpstreamError> {
+        let mut checkout = pool.checkout().await.unwrap();
+        let (head, framing) = checkout
+            .conn
+            .exchange(request(method, Vec::new()))
+            .await
+            .map_err(|(e, _)| e)?;
+        let mut body = PooledBody::new(checkout.conn, framing, pool.clone());
+        let mut frames = Vec::new();
+        while let Some(frame) = body.frame().await {
+            frames.push(frame?);
+        }
+        assert!(body.is_end_stream());
+        Ok((head, frames))
+    }
+
+    fn idle(pool: &Pool) -> usize {
+        pool.idle().lock().unwrap().len()
+    }
+
+    fn data(frames: &[Frame<Bytes>]) -> Vec<u8> {
+        frames
+            .iter()
+            .filter_map(|f| f.data_ref())
+            .flat_map(|d| d.iter().copied())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_chunked_body_in_pieces_with_extensions_and_trailers() {
+        let (addr, server) = server(
+            vec![
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-type: text/event-stream\r\n\r\n5;ext=1\r\nhel",
+                b"lo\r\n",
+                b"6\r\n world\r\n0\r\nx-checksum: 1\r\n\r\n",
+            ],
+            false,
+        )
+        .await;
+        let pool = Arc::new(Pool::new(addr, Duration::from_secs(5)));
+        let (head, frames) = fetch(&pool, Method::POST).await.unwrap();
+        assert_eq!(head.status(), StatusCode::OK);
+        assert_eq!(head.headers()["content-type"], "text/event-stream");
+        assert_eq!(data(&frames), b"hello world");
+        let trailers = frames
+            .last()
+            .and_then(|f| f.trailers_ref())
+            .expect("trailers");
+        assert_eq!(trailers["x-checksum"], "1");
+        assert_eq!(idle(&pool), 1, "a clean exchange keeps its connection");
+        server.abort();
+    }
+
+    #[tokio::test]
+    async fn the_last_chunk_in_the_same_read_ends_the_body_with_its_frame() {
+        let (addr, server) = server(
+            vec![b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n4\r\ndata\r\n0\r\n\r\n"],
+            false,
+        )
+        .await;
+        let pool = Arc::new(Pool::new(addr, Duration::from_secs(5)));
+        let mut checkout = pool.checkout().await.unwrap();
+        let (_, framing) = checkout
+            .conn
+            .exchange(request(Method::POST, Vec::new()))
+            .await
+            .map_err(|(e, _)| e)
+            .unwrap();
+        let mut body = PooledBody::new(checkout.conn, framing, pool.clone());
+        // The head may come alone; wait for the data frame.
+        let frame = body.frame().await.unwrap().unwrap();
+        assert_eq!(frame.data_ref().unwrap(), "data");
+        assert!(
+            body.is_end_stream(),
+            "hyper stops polling at the last frame"
+        );
+        assert_eq!(idle(&pool), 1);
+        server.abort();
+    }
+
+    #[tokio::test]
+    async fn informational_answers_are_skipped_and_content_length_bodies_kept_whole() {
+        let (addr, server) = server(
+            vec![
+                b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n",
+                b"HTTP/1.1 201 Created\r\ncontent-length: 7\r\n\r\nabc",
+                b"defg",
+            ],
+            false,
+        )
+        .await;
+        let pool = Arc::new(Pool::new(addr, Duration::from_secs(5)));
+        let (head, frames) = fetch(&pool, Method::POST).await.unwrap();
+        assert_eq!(head.status(), StatusCode::CREATED);
+        assert_eq!(data(&frames), b"abcdefg");
+        assert_eq!(idle(&pool), 1);
+        server.abort();
+    }
+
+    #[tokio::test]
+    async fn a_head_answer_has_no_body_whatever_its_length() {
+        let (addr, server) = server(
+            vec![b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n"],
+            false,
+        )
+        .await;
+        let pool = Arc::new(Pool::new(addr, Duration::from_secs(5)));
+        let (head, frames) = fetch(&pool, Method::HEAD).await.unwrap();
+        assert_eq!(head.headers()["content-length"], "100");
+        assert!(frames.is_empty());
+        assert_eq!(idle(&pool), 1);
+        server.abort();
+    }
+
+    #[tokio::test]
+    async fn a_body_framed_by_the_close_is_read_to_the_end_and_not_kept() {
+        let (addr, server) = server(vec![b"HTTP/1.1 200 OK\r\n\r\nuntil ", b"the end"], true).await;
+        let pool = Arc::new(Pool::new(addr, Duration::from_secs(5)));
+        let (_, frames) = fetch(&pool, Method::GET).await.unwrap();
+        assert_eq!(data(&frames), b"until the end");
+        assert_eq!(idle(&pool), 0);
+        server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn connection_close_and_http_1_0_are_not_kept() {
+        for answer in [
+            &b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\nok"[..],
+            b"HTTP/1.0 200 OK\r\ncontent-length: 2\r\n\r\nok",
+        ] {
+            let (addr, server) = server(vec![answer], false).await;
+            let pool = Arc::new(Pool::new(addr, Duration::from_secs(5)));
+            let (_, frames) = fetch(&pool, Method::GET).await.unwrap();
+            assert_eq!(data(&frames), b"ok");
+            assert_eq!(idle(&pool), 0, "{}", String::from_utf8_lossy(answer));
+            server.abort();
+        }
+    }
+
+    #[tokio::test]
+    async fn a_body_cut_short_is_an_error_and_a_bad_chunk_size_too() {
+        for answer in [
+            &b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nshort"[..],
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n",
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n",
+        ] {
+            let (addr, server) = server(vec![answer], true).await;
+            let pool = Arc::new(Pool::new(addr, Duration::from_secs(5)));
+            let result = fetch(&pool, Method::GET).await;
+            assert!(result.is_err(), "{}", String::from_utf8_lossy(answer));
+            assert_eq!(idle(&pool), 0);
+            server.abort();
+        }
+    }
+
+    #[tokio::test]
+    async fn malformed_heads_are_refused_with_what_was_wrong() {
+        for (answer, expected) in [
+            (
+                &b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\nx"[..],
+                "differ",
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\ncontent-length: lots\r\n\r\n",
+                "not a number",
+            ),
+            (b"HTTP/1.1 101 Switching Protocols\r\n\r\n", "101"),
+            (b"SSH-2.0-OpenSSH\r\n\r\n", "malformed"),
+        ] {
+            let (addr, server) = server(vec![answer], true).await;
+            let pool = Arc::new(Pool::new(addr, Duration::from_secs(5)));
+            let error = fetch(&pool, Method::GET).await.unwrap_err();
+            assert!(error.to_string().contains(expected), "{error}");
+            server.abort();
+        }
+    }
+
+    #[tokio::test]
+    async fn the_request_goes_out_in_origin_form_with_its_body_framed() {
+        let (addr, server) = server(vec![b"HTTP/1.1 204 No Content\r\n\r\n"], true).await;
+        let pool = Arc::new(Pool::new(addr, Duration::from_secs(5)));
+        let mut checkout = pool.checkout().await.unwrap();
+        let body = vec![
+            Bytes::from_static(b"{\"model\":"),
+            Bytes::from_static(b"\"m\"}"),
+        ];
+        let (head, framing) = checkout
+            .conn
+            .exchange(request(Method::POST, body))
+            .await
+            .map_err(|(e, _)| e)
+            .unwrap();
+        assert_eq!(head.status(), StatusCode::NO_CONTENT);
+        assert_eq!(framing, Framing::Empty);
+        let seen = String::from_utf8(server.await.unwrap()).unwrap();
+        assert!(
+            seen.starts_with("POST /v1/chat/completions?x=1 HTTP/1.1\r\nhost: upstream\r\ncontent-length: 13\r\n\r\n"),
+            "{seen}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_idle_connection_the_server_closed_is_not_handed_out() {
+        let (addr, server) = server(
+            vec![b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"],
+            true,
+        )
+        .await;
+        let pool = Arc::new(Pool::new(addr.clone(), Duration::from_secs(5)));
+        // The server closes after answering, without saying so (llama.cpp's habit).
+        let (_, frames) = fetch(&pool, Method::GET).await.unwrap();
+        assert_eq!(data(&frames), b"ok");
+        server.await.unwrap();
+        assert_eq!(idle(&pool), 1);
+        // Its FIN has arrived by now: the peek sees it and a new connection is made instead.
+        let mut closed = false;
+        for _ in 0..100 {
+            let open = pool.idle().lock().unwrap()[0].conn.is_open();
+            if !open {
+                closed = true;
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert!(closed, "the server's close is visible to the peek");
+        let listener_gone = pool.checkout().await;
+        assert!(
+            matches!(listener_gone, Err(ConnectError::Io(_))),
+            "the closed connection was not reused; connecting anew found no listener"
+        );
+    }
+}
