@@ -59,6 +59,8 @@ const MAX_HEADERS: usize = 128;
 /// The longest chunk-size line (with extensions) and the most trailer bytes accepted.
 const MAX_CHUNK_LINE: usize = 4 << 10;
 const MAX_TRAILER_BYTES: usize = 16 << 10;
+/// Buffers gathered into one `writev` of a request.
+const MAX_SLICES: usize = 16;
 
 /// Why an exchange with the upstream failed.
 #[derive(Debug)]
@@ -274,7 +276,10 @@ impl Sending {
         }
     }
 
-    /// Writes until the socket is full or the request is all sent.
+    /// Writes until the socket is full or the request is all sent. The body's frames that are
+    /// ready are gathered before each write, so a head and a body that arrived with it leave in
+    /// one `writev` (in two, a server reads the head alone and waits for the body: one more
+    /// wake-up on its side before it can start).
     fn poll(
         &mut self,
         stream: &mut TcpStream,
@@ -282,41 +287,18 @@ impl Sending {
         cx: &mut Context<'_>,
     ) -> Poll<Result<(), UpstreamError>> {
         loop {
-            if !self.queue.is_empty() {
-                let mut slices = [IoSlice::new(&[]); 8];
-                let mut count = 0;
-                for (slot, chunk) in slices.iter_mut().zip(&self.queue) {
-                    *slot = IoSlice::new(chunk);
-                    count += 1;
-                }
-                let n = ready!(Pin::new(&mut *stream).poll_write_vectored(cx, &slices[..count]))
-                    .map_err(UpstreamError::Io)?;
-                if n == 0 {
-                    return Poll::Ready(Err(UpstreamError::Io(io::ErrorKind::WriteZero.into())));
-                }
-                self.written += n as u64;
-                let mut left = n;
-                while left > 0 {
-                    let Some(front) = self.queue.front_mut() else {
+            let mut body_pending = false;
+            while !self.body_done && self.queue.len() < MAX_SLICES {
+                match Pin::new(&mut *body).poll_frame(cx) {
+                    Poll::Pending => {
+                        body_pending = true;
                         break;
-                    };
-                    if front.len() <= left {
-                        left -= front.len();
-                        self.queue.pop_front();
-                    } else {
-                        front.advance(left);
-                        left = 0;
                     }
-                }
-                continue;
-            }
-            if self.body_done {
-                self.done = true;
-                return Poll::Ready(Ok(()));
-            }
-            match ready!(Pin::new(&mut *body).poll_frame(cx)) {
-                Some(Ok(frame)) => {
-                    if let Ok(data) = frame.into_data() {
+                    Poll::Ready(Some(Ok(frame))) => {
+                        // Request trailers are not forwarded.
+                        let Ok(data) = frame.into_data() else {
+                            continue;
+                        };
                         if data.is_empty() {
                             continue;
                         }
@@ -329,14 +311,50 @@ impl Sending {
                             self.queue.push_back(data);
                         }
                     }
-                    // Request trailers are not forwarded.
-                }
-                Some(Err(e)) => return Poll::Ready(Err(UpstreamError::RequestBody(e))),
-                None => {
-                    self.body_done = true;
-                    if self.chunked {
-                        self.queue.push_back(Bytes::from_static(b"0\r\n\r\n"));
+                    Poll::Ready(Some(Err(e))) => {
+                        return Poll::Ready(Err(UpstreamError::RequestBody(e)))
                     }
+                    Poll::Ready(None) => {
+                        self.body_done = true;
+                        if self.chunked {
+                            self.queue.push_back(Bytes::from_static(b"0\r\n\r\n"));
+                        }
+                    }
+                }
+            }
+            if self.queue.is_empty() {
+                if self.body_done {
+                    self.done = true;
+                    return Poll::Ready(Ok(()));
+                }
+                if body_pending {
+                    return Poll::Pending;
+                }
+                continue;
+            }
+            let mut slices = [IoSlice::new(&[]); MAX_SLICES];
+            let mut count = 0;
+            for (slot, chunk) in slices.iter_mut().zip(&self.queue) {
+                *slot = IoSlice::new(chunk);
+                count += 1;
+            }
+            let n = ready!(Pin::new(&mut *stream).poll_write_vectored(cx, &slices[..count]))
+                .map_err(UpstreamError::Io)?;
+            if n == 0 {
+                return Poll::Ready(Err(UpstreamError::Io(io::ErrorKind::WriteZero.into())));
+            }
+            self.written += n as u64;
+            let mut left = n;
+            while left > 0 {
+                let Some(front) = self.queue.front_mut() else {
+                    break;
+                };
+                if front.len() <= left {
+                    left -= front.len();
+                    self.queue.pop_front();
+                } else {
+                    front.advance(left);
+                    left = 0;
                 }
             }
         }
@@ -1138,6 +1156,11 @@ mod tests {
         assert!(
             seen.starts_with("POST /v1/chat/completions?x=1 HTTP/1.1\r\nhost: upstream\r\ncontent-length: 13\r\n\r\n"),
             "{seen}"
+        );
+        // The server stops reading at the end of the head: the body came in the same write.
+        assert!(
+            seen.ends_with("{\"model\":\"m\"}"),
+            "the head and the body leave in one writev: {seen}"
         );
     }
 
