@@ -74,6 +74,7 @@ struct RunArgs {
     admin: Option<SocketAddr>,
     /// Threads serving clients, each with its own event loop, like nginx's workers (also
     /// TOKENMETER_WORKERS) [default: one per available CPU, as the cgroup's CPU limit allows].
+    /// The first serves every connection until 512 are open; then the next one joins in.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
     workers: Option<u16>,
 }

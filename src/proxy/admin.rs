@@ -49,6 +49,7 @@ pub(crate) async fn serve(
     let _ = listener::serve_listener(
         listener,
         listener::Cap::new(listener::ADMIN_MAX_CONNECTIONS),
+        0,
         limits,
         make,
         shutdown,

@@ -151,7 +151,7 @@ pub async fn start(
     let task = tokio::spawn({
         let generations = generations.clone();
         async move {
-            accept_loop(listener, proxy, shutdown_rx, generations, cap).await;
+            accept_loop(0, listener, proxy, shutdown_rx, generations, cap).await;
             for done in others {
                 let _ = done.await;
             }
@@ -214,6 +214,7 @@ impl Shard {
                     match TcpListener::from_std(self.listener) {
                         Ok(listener) => {
                             accept_loop(
+                                self.index,
                                 listener,
                                 self.proxy,
                                 self.shutdown,
@@ -235,7 +236,9 @@ impl Shard {
     }
 }
 
+/// Shard `index`'s accept loop and drain.
 async fn accept_loop(
+    index: usize,
     listener: TcpListener,
     proxy: Proxy,
     shutdown: watch::Receiver<bool>,
@@ -246,6 +249,7 @@ async fn accept_loop(
     let connections = listener::serve_listener(
         listener,
         cap,
+        index * listener::SPILL,
         client_limits(&config),
         move |_conn| TowerToHyperService::new(proxy.clone()),
         shutdown,

@@ -10,8 +10,10 @@
 //! socket to the client socket in one task, on one thread, with one wake-up from `epoll`.
 //!
 //! Every shard accepts from the same listening socket (a duplicate of its descriptor registered
-//! in the shard's own `epoll`): a new connection wakes the shards that are waiting, and the first
-//! to call `accept` takes it, so an idle shard tends to take it before a busy one. Upstream
+//! in the shard's own `epoll`), shard `k` only once `k × 512` connections are open
+//! (`listener::SPILL`): one event loop serves a light load at the least CPU per frame, and more
+//! join in as connections grow. Among the shards that accept, a new connection wakes them all and
+//! the first to call `accept` takes it, so an idle shard tends to take it before a busy one. Upstream
 //! connections are pooled per shard (see `upstream.rs`), so a connection is only ever driven by
 //! the thread whose `epoll` watches it.
 
