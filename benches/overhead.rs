@@ -7,13 +7,14 @@
 //! release binary. Both proxies are child processes, so their CPU time and RSS are their own. It
 //! prints one Markdown table for the README, each figure for the three ways with tokenmeter's
 //! ratio to nginx: added TTFT at one user (the ways alternating request by request), proxy CPU
-//! seconds per 1,000 frames and proxy RSS at 128, 512 and 1,024 concurrent streams, and at 1,024
-//! streams the frames per second delivered and the share of streams that stalled. Details, the
+//! seconds per 1,000 frames and proxy RSS at 128, 512, 1,024 and 2,048 concurrent streams, and at
+//! the top level (2,048 streams saturate a 2-core machine: proxy, mock and load generator share
+//! it) the frames per second delivered and the share of streams that stalled. Details, the
 //! exact workload, the machine's load and issue 12's targets follow. It measures and reports;
 //! it fails nothing.
 //!
 //! Knobs, all optional: `--quick` or `TOKENMETER_BENCH_QUICK=1` (a smoke run of about 15 s),
-//! `TOKENMETER_BENCH_STREAMS=128,512,1024`, `TOKENMETER_BENCH_EVENTS=64` (tokens per stream),
+//! `TOKENMETER_BENCH_STREAMS=128,512,1024,2048`, `TOKENMETER_BENCH_EVENTS=64` (tokens per stream),
 //! `TOKENMETER_BENCH_INTERVAL_US=20000` (the pace), `TOKENMETER_BENCH_NGINX=PATH` (or `0` to
 //! leave nginx out), `TOKENMETER_BENCH_RELAY=1` (a bare TCP relay process as one more way: the
 //! cost of the hop alone), and `TOKENMETER_BENCH_PERF=DIR` (one extra, uncounted round per proxy
@@ -183,7 +184,7 @@ impl Params {
                 if quick {
                     vec![16, 64]
                 } else {
-                    vec![128, 512, 1024]
+                    vec![128, 512, 1024, 2048]
                 }
             });
         let perf_dir = std::env::var("TOKENMETER_BENCH_PERF")
