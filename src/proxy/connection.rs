@@ -415,7 +415,10 @@ async fn drive<C: Graceful>(
     tokio::pin!(grace);
     let mut graced = false;
     loop {
+        // Biased: the connection first, as it is what wakes this task for every frame; the
+        // rest are checked after it, in order, without drawing a random number per wake-up.
         tokio::select! {
+            biased;
             ended = connection.as_mut() => {
                 if let Err(e) = ended {
                     tracing::debug!(error = %e, "client connection ended with an error");
