@@ -191,3 +191,51 @@ async fn rapid_reset_gets_goaway_and_bounds_upstream_requests() {
         "the upstream saw {upstream_requests} requests"
     );
 }
+
+/// A response's last frame completes its request on the connection. It used to count as a
+/// cancellation whenever the body said it had ended with that frame (hyper then polls no more),
+/// so a client making its 201st request on one HTTP/2 connection within 10 s was sent GOAWAY as
+/// a rapid-reset abuser.
+#[tokio::test]
+async fn many_complete_requests_on_one_http2_connection_are_not_cancellations() {
+    let frames = vec![
+        common::role_chunk(),
+        common::chat_chunk("a"),
+        common::finish_chunk("stop", Some(1)),
+        common::done(),
+    ];
+    let up = upstream(move |_| Script::stream("text/event-stream", frames.clone())).await;
+    let p = proxy(up.addr, |_| {}).await;
+    let tcp = TcpStream::connect(p.running.listen).await.unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    let driver = tokio::spawn(connection);
+    for n in 0..300 {
+        let ready = timeout(DEADLINE, client.clone().ready()).await;
+        let Ok(Ok(mut ready)) = ready else {
+            panic!("request {n}: the connection refused new requests");
+        };
+        let request = http::Request::post(p.url("/v1/chat/completions"))
+            .body(())
+            .unwrap();
+        let (response, mut body) = ready
+            .send_request(request, false)
+            .unwrap_or_else(|e| panic!("request {n}: {e}"));
+        body.send_data(Bytes::from(common::chat_request("m")), true)
+            .unwrap();
+        let response = timeout(DEADLINE, response)
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("request {n}: {e}"));
+        assert_eq!(response.status(), 200);
+        let mut body = response.into_body();
+        let mut got = Vec::new();
+        while let Some(chunk) = timeout(DEADLINE, body.data()).await.unwrap() {
+            let chunk = chunk.unwrap();
+            let _ = body.flow_control().release_capacity(chunk.len());
+            got.extend_from_slice(&chunk);
+        }
+        assert!(got.ends_with(b"data: [DONE]\n\n"), "request {n}: {got:?}");
+    }
+    drop(client);
+    let _ = timeout(DEADLINE, driver).await;
+}

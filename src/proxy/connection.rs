@@ -166,10 +166,13 @@ impl<B: Body<Data = Bytes>> Body for Tracked<B> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let this = self.project();
-        let polled = std::task::ready!(this.inner.poll_frame(cx));
+        let mut inner = this.inner;
+        let polled = std::task::ready!(inner.as_mut().poll_frame(cx));
         match &polled {
             None | Some(Err(_)) => this.guard.completed = true,
             Some(Ok(frame)) if frame.is_trailers() => this.guard.completed = true,
+            // hyper polls no more once the body says it has ended: its last frame completes it.
+            Some(Ok(_)) if inner.is_end_stream() => this.guard.completed = true,
             Some(Ok(_)) => {}
         }
         Poll::Ready(polled)
