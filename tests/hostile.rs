@@ -239,3 +239,52 @@ async fn many_complete_requests_on_one_http2_connection_are_not_cancellations() 
     drop(client);
     let _ = timeout(DEADLINE, driver).await;
 }
+
+/// With two event loops (`--workers 2`), requests are served, and shutdown waits for the second
+/// loop's thread to drain and end.
+#[tokio::test]
+async fn two_event_loops_serve_and_drain() {
+    let frames = vec![
+        common::role_chunk(),
+        common::chat_chunk("a"),
+        common::done(),
+    ];
+    let up = upstream(move |_| Script::stream("text/event-stream", frames.clone())).await;
+    let config = tokenmeter::Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        admin: "127.0.0.1:0".parse().unwrap(),
+        upstream: tokenmeter::Upstream::parse(&format!("http://{}", up.addr)).unwrap(),
+        ..tokenmeter::Config::default()
+    };
+    let overrides = tokenmeter::Overrides {
+        shards: Some(2),
+        ..Default::default()
+    };
+    let running = tokenmeter::start(config, None, overrides).await.unwrap();
+    let addr = running.listen;
+    let mut clients = tokio::task::JoinSet::new();
+    for _ in 0..20 {
+        clients.spawn(async move {
+            let mut stream = TcpStream::connect(addr).await.unwrap();
+            let body = common::chat_request("m");
+            let head = format!(
+                "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            stream.write_all(head.as_bytes()).await.unwrap();
+            read_to_close(&mut stream).await
+        });
+    }
+    while let Some(got) = clients.join_next().await {
+        let got = String::from_utf8(got.unwrap()).unwrap();
+        assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+        assert!(got.contains("data: [DONE]"), "{got}");
+    }
+    assert!(running
+        .metrics_text()
+        .contains("tokenmeter_requests_total{model=\"m\",outcome=\"ok\",route=\"default\"} 20"));
+    running.shutdown();
+    timeout(DEADLINE, running.wait())
+        .await
+        .expect("both loops drained and ended");
+}
