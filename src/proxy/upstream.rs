@@ -687,12 +687,11 @@ impl PooledBody {
                     if buf.is_empty() {
                         return Ok(None);
                     }
-                    let n = (buf.len() as u64).min(left);
-                    let data = buf.split_to(n as usize).freeze();
-                    self.decode = if n == left {
+                    let (data, rest) = take_up_to(buf, left);
+                    self.decode = if rest == 0 {
                         Decode::Done
                     } else {
-                        Decode::Length(left - n)
+                        Decode::Length(rest)
                     };
                     return Ok(Some(Frame::data(data)));
                 }
@@ -721,12 +720,11 @@ impl PooledBody {
                     if buf.is_empty() {
                         return Ok(None);
                     }
-                    let n = (buf.len() as u64).min(left);
-                    let data = buf.split_to(n as usize).freeze();
-                    self.decode = if n == left {
+                    let (data, rest) = take_up_to(buf, left);
+                    self.decode = if rest == 0 {
                         Decode::DataEnd
                     } else {
-                        Decode::Data(left - n)
+                        Decode::Data(rest)
                     };
                     // Move over what follows (the CRLF, the last chunk, no trailers) when it is
                     // here already, so the frame that ends the body says so.
@@ -802,6 +800,12 @@ impl PooledBody {
             }
         }
     }
+}
+
+/// Up to `left` bytes cut off the front of `buf` (no copy), and how many are left after them.
+fn take_up_to(buf: &mut BytesMut, left: u64) -> (Bytes, u64) {
+    let n = (buf.len() as u64).min(left);
+    (buf.split_to(n as usize).freeze(), left - n)
 }
 
 /// A chunk-size line's size (extensions after `;` ignored).
