@@ -237,6 +237,13 @@ impl AsyncRead for Prefixed {
             let n = (this.end - this.start).min(buf.remaining());
             buf.put_slice(&this.prefix[this.start..this.start + n]);
             this.start += n;
+            // The rest of what the client sent comes in the same read. Handed over alone, the
+            // prefix left hyper's 8 KiB read buffer 24 bytes short for its next read, and hyper
+            // doubled it: 8 KiB more held by every keep-alive connection for its life. A socket
+            // error here shows again on the next read.
+            if this.start == this.end && buf.remaining() > 0 {
+                let _ = Pin::new(&mut this.stream).poll_read(cx, buf);
+            }
             return Poll::Ready(Ok(()));
         }
         Pin::new(&mut this.stream).poll_read(cx, buf)
@@ -451,5 +458,42 @@ async fn drive<C: Graceful>(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    /// The bytes read while telling the protocols apart come back together with what followed
+    /// them: handed over alone, they made hyper double its read buffer for the connection's life.
+    #[tokio::test]
+    async fn the_prefix_and_what_followed_come_in_one_read() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (mut server, _) = listener.accept().await.unwrap();
+        client
+            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut prefix = [0u8; 24];
+        server.read_exact(&mut prefix).await.unwrap();
+        server.readable().await.unwrap();
+        let mut io = Prefixed {
+            prefix,
+            start: 0,
+            end: 24,
+            stream: server,
+        };
+        let mut space = [0u8; 8192];
+        let mut buf = ReadBuf::new(&mut space);
+        std::future::poll_fn(|cx| Pin::new(&mut io).poll_read(cx, &mut buf))
+            .await
+            .unwrap();
+        assert_eq!(buf.filled(), b"GET / HTTP/1.1\r\nhost: x\r\n\r\n");
     }
 }
