@@ -48,10 +48,11 @@ use super::shard;
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// Idle connections kept at most per shard; more are closed when they come back.
 const MAX_IDLE: usize = 1024;
-/// The read buffer's first size, enough for a response head and a dozen SSE events; it
+/// The read buffer's first size, enough for most response heads and several SSE events; it
 /// doubles while reads fill it, up to [`READ_BUFFER_MAX`], and is freed when the connection
-/// goes idle. Each open stream holds one, so it is small.
-const READ_BUFFER_MIN: usize = 2 << 10;
+/// goes idle. Each open stream holds one, so it is small (2 KiB here cost 1 KiB more per
+/// stream in the overhead bench, at the same CPU per frame).
+const READ_BUFFER_MIN: usize = 1 << 10;
 /// The largest read: response heads must fit in it, and frames handed on are at most this large.
 const READ_BUFFER_MAX: usize = 64 << 10;
 /// Response header fields at most (hyper's limit is 100).
