@@ -675,39 +675,60 @@ impl PooledBody {
         }
     }
 
-    /// The next frame the buffer holds, if any; moves over framing bytes as it goes.
+    /// The next frame the buffer holds, if any.
     fn decode(&mut self) -> Result<Option<Frame<Bytes>>, UpstreamError> {
+        self.advance()?;
         let Some(conn) = self.conn.as_mut() else {
             return Ok(None);
         };
         let buf = &mut conn.read;
+        match self.decode {
+            Decode::Done => Ok(self.trailers.take().map(Frame::trailers)),
+            Decode::Length(_) | Decode::Close | Decode::Data(_) if buf.is_empty() => Ok(None),
+            Decode::Length(left) => {
+                let (data, rest) = take_up_to(buf, left);
+                self.decode = if rest == 0 {
+                    Decode::Done
+                } else {
+                    Decode::Length(rest)
+                };
+                Ok(Some(Frame::data(data)))
+            }
+            Decode::Close => Ok(Some(Frame::data(buf.split().freeze()))),
+            Decode::Data(left) => {
+                let (data, rest) = take_up_to(buf, left);
+                self.decode = if rest == 0 {
+                    Decode::DataEnd
+                } else {
+                    Decode::Data(rest)
+                };
+                // Move over what follows (the CRLF, the last chunk, the trailers) when it is
+                // here already, so the frame that ends the body says so. A malformed rest is
+                // left where it is, for the next call to report.
+                let _ = self.advance();
+                Ok(Some(Frame::data(data)))
+            }
+            // Framing that is not all here yet.
+            Decode::Size | Decode::DataEnd | Decode::Trailers => Ok(None),
+        }
+    }
+
+    /// Consumes the framing between data (the CRLF after a chunk, chunk-size lines, trailer
+    /// fields up to the empty line) as far as the buffer holds it whole; consumes nothing of a
+    /// part it finds malformed.
+    fn advance(&mut self) -> Result<(), UpstreamError> {
+        let Some(conn) = self.conn.as_mut() else {
+            return Ok(());
+        };
+        let buf = &mut conn.read;
         loop {
             match self.decode {
-                Decode::Done => return Ok(self.trailers.take().map(Frame::trailers)),
-                Decode::Length(left) => {
-                    if buf.is_empty() {
-                        return Ok(None);
-                    }
-                    let (data, rest) = take_up_to(buf, left);
-                    self.decode = if rest == 0 {
-                        Decode::Done
-                    } else {
-                        Decode::Length(rest)
-                    };
-                    return Ok(Some(Frame::data(data)));
-                }
-                Decode::Close => {
-                    if buf.is_empty() {
-                        return Ok(None);
-                    }
-                    return Ok(Some(Frame::data(buf.split().freeze())));
-                }
                 Decode::Size => {
                     let Some(end) = memchr::memchr(b'\n', buf) else {
                         if buf.len() > MAX_CHUNK_LINE {
                             return Err(UpstreamError::Invalid("a chunk-size line too long"));
                         }
-                        return Ok(None);
+                        return Ok(());
                     };
                     let size = chunk_size(&buf[..end])?;
                     buf.advance(end + 1);
@@ -717,28 +738,13 @@ impl PooledBody {
                         Decode::Data(size)
                     };
                 }
-                Decode::Data(left) => {
-                    if buf.is_empty() {
-                        return Ok(None);
-                    }
-                    let (data, rest) = take_up_to(buf, left);
-                    self.decode = if rest == 0 {
-                        Decode::DataEnd
-                    } else {
-                        Decode::Data(rest)
-                    };
-                    // Move over what follows (the CRLF, the last chunk, no trailers) when it is
-                    // here already, so the frame that ends the body says so.
-                    self.skip_framing();
-                    return Ok(Some(Frame::data(data)));
-                }
                 Decode::DataEnd => match buf.first() {
-                    None => return Ok(None),
+                    None => return Ok(()),
                     Some(b'\n') => {
                         buf.advance(1);
                         self.decode = Decode::Size;
                     }
-                    Some(b'\r') if buf.len() < 2 => return Ok(None),
+                    Some(b'\r') if buf.len() < 2 => return Ok(()),
                     Some(b'\r') if buf[1] == b'\n' => {
                         buf.advance(2);
                         self.decode = Decode::Size;
@@ -750,7 +756,7 @@ impl PooledBody {
                         if buf.len() > MAX_TRAILER_BYTES {
                             return Err(UpstreamError::Invalid("trailers too large"));
                         }
-                        return Ok(None);
+                        return Ok(());
                     };
                     let line = &buf[..end];
                     let line = line.strip_suffix(b"\r").unwrap_or(line);
@@ -770,34 +776,7 @@ impl PooledBody {
                     }
                     buf.advance(end + 1);
                 }
-            }
-        }
-    }
-
-    /// After a chunk's data: moves over the CRLF and a final `0` chunk with no trailers when
-    /// they are buffered; anything else waits for the next poll.
-    fn skip_framing(&mut self) {
-        let Some(conn) = self.conn.as_mut() else {
-            return;
-        };
-        let buf = &mut conn.read;
-        if self.decode != Decode::DataEnd {
-            return;
-        }
-        let crlf = if buf.starts_with(b"\r\n") {
-            2
-        } else if buf.starts_with(b"\n") {
-            1
-        } else {
-            return;
-        };
-        buf.advance(crlf);
-        self.decode = Decode::Size;
-        for last in [&b"0\r\n\r\n"[..], b"0\n\n", b"0\r\n\n", b"0\n\r\n"] {
-            if buf.starts_with(last) {
-                buf.advance(last.len());
-                self.decode = Decode::Done;
-                return;
+                Decode::Length(_) | Decode::Close | Decode::Data(_) | Decode::Done => return Ok(()),
             }
         }
     }
