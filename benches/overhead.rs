@@ -26,6 +26,8 @@ mod load;
 mod processes;
 #[path = "overhead/procfs.rs"]
 mod procfs;
+#[path = "overhead/serving.rs"]
+mod serving;
 #[path = "overhead/upstream.rs"]
 mod upstream;
 

@@ -27,15 +27,17 @@
 #[allow(dead_code)]
 #[path = "overhead/procfs.rs"]
 mod procfs;
+#[path = "overhead/serving.rs"]
+mod serving;
 
 use std::convert::Infallible;
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -372,7 +374,7 @@ struct ProxyProcess {
     admin: SocketAddr,
     records: PathBuf,
     /// Warnings and errors it logged, the first 20.
-    complaints: Arc<Mutex<Vec<String>>>,
+    complaints: serving::Complaints,
     idle_rss_kib: Option<u64>,
     idle_fds: Option<usize>,
 }
@@ -409,61 +411,16 @@ impl ProxyProcess {
             .stderr(Stdio::piped())
             .spawn()
             .map_err(|e| format!("cannot start {}: {e}", binary.display()))?;
-        let Some(stderr) = child.stderr.take() else {
-            let _ = child.kill();
-            return Err("the proxy's stderr was not piped".into());
-        };
-        let complaints = Arc::new(Mutex::new(Vec::new()));
-        let (serving_tx, serving_rx) = mpsc::channel();
-        let kept = complaints.clone();
-        // Reads stderr to the end so the pipe never fills and blocks the proxy's logging.
-        std::thread::spawn(move || {
-            let mut before_serving = Vec::new();
-            let mut serving = Some(serving_tx);
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                if serving.is_some() && line.contains("tokenmeter is serving") {
-                    if let Some(tx) = serving.take() {
-                        let _ = tx.send(Ok(line));
-                    }
-                    continue;
-                }
-                if serving.is_some() {
-                    before_serving.push(line);
-                } else if line.contains("WARN") || line.contains("ERROR") {
-                    if let Ok(mut kept) = kept.lock() {
-                        if kept.len() < 20 {
-                            kept.push(line);
-                        }
-                    }
-                }
-            }
-            if let Some(tx) = serving {
-                let _ = tx.send(Err(before_serving.join("\n")));
-            }
-        });
+        let (line, complaints) = serving::await_serving(&mut child)?;
         let mut proxy = ProxyProcess {
+            listen: serving::address(&line, "listen=")?,
+            admin: serving::address(&line, "admin=")?,
             child,
-            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-            admin: SocketAddr::from(([127, 0, 0, 1], 0)),
             records,
             complaints,
             idle_rss_kib: None,
             idle_fds: None,
         };
-        let line = match serving_rx.recv_timeout(Duration::from_secs(30)) {
-            Ok(Ok(line)) => line,
-            Ok(Err(output)) => return Err(format!("the proxy exited before serving:\n{output}")),
-            Err(_) => return Err("the proxy did not say it was serving within 30 s".into()),
-        };
-        let field = |key: &str| {
-            line.split_whitespace()
-                .find_map(|field| field.strip_prefix(key))
-                .and_then(|addr| addr.parse().ok())
-                .ok_or_else(|| format!("no {key}ADDR in the proxy's line: {line}"))
-        };
-        proxy.listen = field("listen=")?;
-        proxy.admin = field("admin=")?;
         // Let start-up allocations settle before calling what is left idle.
         std::thread::sleep(Duration::from_millis(300));
         proxy.idle_rss_kib = procfs::status_kib(proxy.pid(), "VmRSS:");
@@ -532,10 +489,7 @@ impl ProxyProcess {
     }
 
     fn complaints(&self) -> Vec<String> {
-        self.complaints
-            .lock()
-            .map(|c| c.clone())
-            .unwrap_or_default()
+        self.complaints.lines()
     }
 }
 

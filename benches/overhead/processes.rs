@@ -7,30 +7,12 @@ use std::io::{BufRead, BufReader, Read};
 use std::net::{SocketAddr, TcpListener as StdTcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use tokio::net::TcpListener;
 
 use crate::procfs;
-
-/// The lines a proxy wrote to stderr that look like trouble; a healthy run has none.
-#[derive(Clone, Default)]
-pub(crate) struct Complaints(Arc<Mutex<Vec<String>>>);
-
-impl Complaints {
-    fn keep(&self, line: String) {
-        if let Ok(mut kept) = self.0.lock() {
-            if kept.len() < 20 {
-                kept.push(line);
-            }
-        }
-    }
-
-    pub(crate) fn lines(&self) -> Vec<String> {
-        self.0.lock().map(|kept| kept.clone()).unwrap_or_default()
-    }
-}
+use crate::serving::{self, Complaints};
 
 /// A proxy running as a child process, listening on loopback.
 pub(crate) struct ProxyProcess {
@@ -68,50 +50,14 @@ impl ProxyProcess {
             .stderr(Stdio::piped())
             .spawn()
             .map_err(|e| format!("cannot start {}: {e}", env!("CARGO_BIN_EXE_tokenmeter")))?;
-        let Some(stderr) = child.stderr.take() else {
-            let _ = child.kill();
-            return Err("tokenmeter's stderr was not piped".into());
-        };
-        let complaints = Complaints::default();
-        let (serving_tx, serving_rx) = mpsc::channel();
-        let kept = complaints.clone();
-        // Reads stderr to the end so the pipe never fills and blocks the proxy's logging.
-        std::thread::spawn(move || {
-            let mut before_serving = Vec::new();
-            let mut serving = Some(serving_tx);
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                if serving.is_some() && line.contains("tokenmeter is serving") {
-                    if let Some(tx) = serving.take() {
-                        let _ = tx.send(Ok(line));
-                    }
-                } else if serving.is_some() {
-                    before_serving.push(line);
-                } else if line.contains("WARN") || line.contains("ERROR") {
-                    kept.keep(line);
-                }
-            }
-            if let Some(tx) = serving {
-                let _ = tx.send(Err(before_serving.join("\n")));
-            }
-        });
-        let mut proxy = ProxyProcess {
+        let (line, complaints) = serving::await_serving(&mut child)?;
+        let proxy = ProxyProcess {
             child,
-            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            listen: serving::address(&line, "listen=")?,
             complaints,
             idle_rss_kib: None,
             scratch: None,
         };
-        let line = match serving_rx.recv_timeout(Duration::from_secs(30)) {
-            Ok(Ok(line)) => line,
-            Ok(Err(output)) => return Err(format!("tokenmeter exited before serving:\n{output}")),
-            Err(_) => return Err("tokenmeter did not say it was serving within 30 s".into()),
-        };
-        proxy.listen = line
-            .split_whitespace()
-            .find_map(|field| field.strip_prefix("listen="))
-            .and_then(|addr| addr.parse().ok())
-            .ok_or_else(|| format!("no listen=ADDR in tokenmeter's line: {line}"))?;
         Ok(proxy.settle())
     }
 
