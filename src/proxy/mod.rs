@@ -7,6 +7,7 @@
 //! reload; [`error`] is the one place errors become HTTP.
 
 pub(crate) mod admin;
+pub(crate) mod codec;
 pub(crate) mod connection;
 pub(crate) mod engine_metrics;
 pub(crate) mod error;

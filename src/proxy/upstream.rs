@@ -40,6 +40,7 @@ use tokio::io::{AsyncReadExt, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use super::codec::{Decoder, Malformed};
 use super::request_body::UpstreamBody;
 use super::shard;
 
@@ -57,9 +58,6 @@ const READ_BUFFER_MIN: usize = 1 << 10;
 const READ_BUFFER_MAX: usize = 64 << 10;
 /// Response header fields at most (hyper's limit is 100).
 const MAX_HEADERS: usize = 128;
-/// The longest chunk-size line (with extensions) and the most trailer bytes accepted.
-const MAX_CHUNK_LINE: usize = 4 << 10;
-const MAX_TRAILER_BYTES: usize = 16 << 10;
 /// Buffers gathered into one `writev` of a request, and the bytes past which no more of the
 /// body is taken from the client until the upstream has taken what is queued: an upstream that
 /// does not read holds back the client, not the proxy's memory.
@@ -613,25 +611,6 @@ impl Pool {
     }
 }
 
-/// Where the decoding of a response body is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Decode {
-    /// This many bytes are left (`Content-Length`).
-    Length(u64),
-    /// Until the connection closes.
-    Close,
-    /// Chunked: a chunk-size line is next.
-    Size,
-    /// Chunked: this many bytes of the current chunk are left.
-    Data(u64),
-    /// Chunked: the CRLF after a chunk's data is next.
-    DataEnd,
-    /// Chunked: trailer fields, up to an empty line.
-    Trailers,
-    /// The body is over.
-    Done,
-}
-
 /// The upstream's response body, read straight from its connection: each frame is a slice of
 /// the read buffer. When it ends cleanly its connection goes back to the pool. Dropped before
 /// its end (the client went away), the connection is closed with it, which stops the model
@@ -639,27 +618,23 @@ enum Decode {
 pub(crate) struct PooledBody {
     conn: Option<Conn>,
     pool: Arc<Pool>,
-    decode: Decode,
-    trailers: Option<HeaderMap>,
-    trailer_bytes: usize,
+    decoder: Decoder,
     // An error held back for one poll (see poll_frame).
     failed: Option<UpstreamError>,
 }
 
 impl PooledBody {
     pub(crate) fn new(conn: Conn, framing: Framing, pool: Arc<Pool>) -> Self {
-        let decode = match framing {
-            Framing::Empty => Decode::Done,
-            Framing::Length(n) => Decode::Length(n),
-            Framing::Chunked => Decode::Size,
-            Framing::Close => Decode::Close,
+        let decoder = match framing {
+            Framing::Empty => Decoder::empty(),
+            Framing::Length(n) => Decoder::length(n),
+            Framing::Chunked => Decoder::chunked(),
+            Framing::Close => Decoder::until_close(),
         };
         let mut body = PooledBody {
             conn: Some(conn),
             pool,
-            decode,
-            trailers: None,
-            trailer_bytes: 0,
+            decoder,
             failed: None,
         };
         body.settle();
@@ -668,7 +643,7 @@ impl PooledBody {
 
     /// Once the body is over, its connection goes back to the pool.
     fn settle(&mut self) {
-        if self.decode == Decode::Done && self.trailers.is_none() {
+        if self.decoder.is_done() {
             if let Some(conn) = self.conn.take() {
                 self.pool.checkin(conn);
             }
@@ -677,143 +652,13 @@ impl PooledBody {
 
     /// The next frame the buffer holds, if any.
     fn decode(&mut self) -> Result<Option<Frame<Bytes>>, UpstreamError> {
-        self.advance()?;
         let Some(conn) = self.conn.as_mut() else {
             return Ok(None);
         };
-        let buf = &mut conn.read;
-        match self.decode {
-            Decode::Done => Ok(self.trailers.take().map(Frame::trailers)),
-            Decode::Length(_) | Decode::Close | Decode::Data(_) if buf.is_empty() => Ok(None),
-            Decode::Length(left) => {
-                let (data, rest) = take_up_to(buf, left);
-                self.decode = if rest == 0 {
-                    Decode::Done
-                } else {
-                    Decode::Length(rest)
-                };
-                Ok(Some(Frame::data(data)))
-            }
-            Decode::Close => Ok(Some(Frame::data(buf.split().freeze()))),
-            Decode::Data(left) => {
-                let (data, rest) = take_up_to(buf, left);
-                self.decode = if rest == 0 {
-                    Decode::DataEnd
-                } else {
-                    Decode::Data(rest)
-                };
-                // Move over what follows (the CRLF, the last chunk, the trailers) when it is
-                // here already, so the frame that ends the body says so. A malformed rest is
-                // left where it is, for the next call to report.
-                let _ = self.advance();
-                Ok(Some(Frame::data(data)))
-            }
-            // Framing that is not all here yet.
-            Decode::Size | Decode::DataEnd | Decode::Trailers => Ok(None),
-        }
+        self.decoder
+            .next(&mut conn.read)
+            .map_err(|Malformed(what)| UpstreamError::Invalid(what))
     }
-
-    /// Consumes the framing between data (the CRLF after a chunk, chunk-size lines, trailer
-    /// fields up to the empty line) as far as the buffer holds it whole; consumes nothing of a
-    /// part it finds malformed.
-    fn advance(&mut self) -> Result<(), UpstreamError> {
-        let Some(conn) = self.conn.as_mut() else {
-            return Ok(());
-        };
-        let buf = &mut conn.read;
-        loop {
-            match self.decode {
-                Decode::Size => {
-                    let Some(end) = memchr::memchr(b'\n', buf) else {
-                        if buf.len() > MAX_CHUNK_LINE {
-                            return Err(UpstreamError::Invalid("a chunk-size line too long"));
-                        }
-                        return Ok(());
-                    };
-                    let size = chunk_size(&buf[..end])?;
-                    buf.advance(end + 1);
-                    self.decode = if size == 0 {
-                        Decode::Trailers
-                    } else {
-                        Decode::Data(size)
-                    };
-                }
-                Decode::DataEnd => match buf.first() {
-                    None => return Ok(()),
-                    Some(b'\n') => {
-                        buf.advance(1);
-                        self.decode = Decode::Size;
-                    }
-                    Some(b'\r') if buf.len() < 2 => return Ok(()),
-                    Some(b'\r') if buf[1] == b'\n' => {
-                        buf.advance(2);
-                        self.decode = Decode::Size;
-                    }
-                    Some(_) => return Err(UpstreamError::Invalid("no CRLF after a chunk")),
-                },
-                Decode::Trailers => {
-                    let Some(end) = memchr::memchr(b'\n', buf) else {
-                        if buf.len() > MAX_TRAILER_BYTES {
-                            return Err(UpstreamError::Invalid("trailers too large"));
-                        }
-                        return Ok(());
-                    };
-                    let line = &buf[..end];
-                    let line = line.strip_suffix(b"\r").unwrap_or(line);
-                    if line.is_empty() {
-                        buf.advance(end + 1);
-                        self.decode = Decode::Done;
-                        continue;
-                    }
-                    self.trailer_bytes += end + 1;
-                    if self.trailer_bytes > MAX_TRAILER_BYTES {
-                        return Err(UpstreamError::Invalid("trailers too large"));
-                    }
-                    if let Some((name, value)) = trailer(line) {
-                        self.trailers
-                            .get_or_insert_with(HeaderMap::new)
-                            .append(name, value);
-                    }
-                    buf.advance(end + 1);
-                }
-                Decode::Length(_) | Decode::Close | Decode::Data(_) | Decode::Done => return Ok(()),
-            }
-        }
-    }
-}
-
-/// Up to `left` bytes cut off the front of `buf` (no copy), and how many are left after them.
-fn take_up_to(buf: &mut BytesMut, left: u64) -> (Bytes, u64) {
-    let n = (buf.len() as u64).min(left);
-    (buf.split_to(n as usize).freeze(), left - n)
-}
-
-/// A chunk-size line's size (extensions after `;` ignored).
-fn chunk_size(line: &[u8]) -> Result<u64, UpstreamError> {
-    let line = line.strip_suffix(b"\r").unwrap_or(line);
-    let digits = line
-        .iter()
-        .position(|b| !b.is_ascii_hexdigit())
-        .unwrap_or(line.len());
-    if digits == 0 || digits > 15 {
-        return Err(UpstreamError::Invalid("a chunk size that is not hex"));
-    }
-    let rest = &line[digits..];
-    let rest = rest.trim_ascii_start();
-    if !(rest.is_empty() || rest.starts_with(b";")) {
-        return Err(UpstreamError::Invalid("a chunk size that is not hex"));
-    }
-    let text = std::str::from_utf8(&line[..digits]).unwrap_or("x");
-    u64::from_str_radix(text, 16)
-        .map_err(|_| UpstreamError::Invalid("a chunk size that is not hex"))
-}
-
-/// One trailer field, if it is a valid one (invalid ones are dropped, not fatal).
-fn trailer(line: &[u8]) -> Option<(HeaderName, HeaderValue)> {
-    let colon = memchr::memchr(b':', line)?;
-    let name = HeaderName::from_bytes(&line[..colon]).ok()?;
-    let value = HeaderValue::from_bytes(line[colon + 1..].trim_ascii()).ok()?;
-    Some((name, value))
 }
 
 impl Body for PooledBody {
@@ -834,7 +679,7 @@ impl Body for PooledBody {
                     this.settle();
                     return Poll::Ready(Some(Ok(frame)));
                 }
-                Ok(None) if this.decode == Decode::Done => {
+                Ok(None) if this.decoder.is_done() => {
                     this.settle();
                     return Poll::Ready(None);
                 }
@@ -845,13 +690,14 @@ impl Body for PooledBody {
                 return Poll::Ready(None);
             };
             match ready!(conn.poll_fill(cx)) {
-                Ok(0) if this.decode == Decode::Close => {
-                    // The close is this body's end; the connection goes with it.
-                    this.decode = Decode::Done;
+                Ok(0) => {
                     this.conn = None;
-                    return Poll::Ready(None);
+                    if this.decoder.close() {
+                        // The close is this body's end; the connection goes with it.
+                        return Poll::Ready(None);
+                    }
+                    return this.fail(UpstreamError::Closed, cx);
                 }
-                Ok(0) => return this.fail(UpstreamError::Closed, cx),
                 Ok(_) => {}
                 Err(e) => return this.fail(UpstreamError::Io(e), cx),
             }
@@ -859,15 +705,11 @@ impl Body for PooledBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.decode == Decode::Done && self.trailers.is_none() && self.failed.is_none()
+        self.decoder.is_done() && self.failed.is_none()
     }
 
     fn size_hint(&self) -> SizeHint {
-        match self.decode {
-            Decode::Done => SizeHint::with_exact(0),
-            Decode::Length(left) => SizeHint::with_exact(left),
-            _ => SizeHint::default(),
-        }
+        self.decoder.size_hint()
     }
 }
 
@@ -881,7 +723,7 @@ impl PooledBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, UpstreamError>>> {
         self.conn = None;
-        self.decode = Decode::Done;
+        self.decoder.abandon();
         self.failed = Some(error);
         cx.waker().wake_by_ref();
         Poll::Pending

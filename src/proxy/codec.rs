@@ -1,0 +1,330 @@
+//! HTTP/1.1 message bodies as they are framed on the wire (RFC 9112 §6–7), decoded in place: a
+//! [`Decoder`] cuts data frames off the front of a connection's read buffer without copying
+//! them, and consumes the framing between them (chunk-size lines, the CRLF after a chunk,
+//! trailer fields). The upstream client's response bodies and the server's request bodies share
+//! it.
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::{HeaderMap, HeaderName, HeaderValue};
+use http_body::{Frame, SizeHint};
+
+/// The longest chunk-size line accepted (extensions included).
+const MAX_CHUNK_LINE: usize = 4 << 10;
+/// Trailer fields of one body, all together.
+const MAX_TRAILER_BYTES: usize = 16 << 10;
+
+/// Framing that breaks the protocol; names what was wrong.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Malformed(pub(crate) &'static str);
+
+impl std::fmt::Display for Malformed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+/// Where the decoding of a body is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// This many bytes are left (`Content-Length`).
+    Length(u64),
+    /// Until the connection closes.
+    Close,
+    /// Chunked: a chunk-size line is next.
+    Size,
+    /// Chunked: this many bytes of the current chunk are left.
+    Data(u64),
+    /// Chunked: the CRLF after a chunk's data is next.
+    DataEnd,
+    /// Chunked: trailer fields, up to an empty line.
+    Trailers,
+    /// The body is over.
+    Done,
+}
+
+/// Decodes one body from a read buffer the caller fills.
+#[derive(Debug)]
+pub(crate) struct Decoder {
+    state: State,
+    trailers: Option<HeaderMap>,
+    trailer_bytes: usize,
+}
+
+impl Decoder {
+    fn with(state: State) -> Decoder {
+        Decoder {
+            state,
+            trailers: None,
+            trailer_bytes: 0,
+        }
+    }
+
+    /// A body with no bytes at all.
+    pub(crate) fn empty() -> Decoder {
+        Decoder::with(State::Done)
+    }
+
+    /// A body of exactly `n` bytes.
+    pub(crate) fn length(n: u64) -> Decoder {
+        Decoder::with(if n == 0 {
+            State::Done
+        } else {
+            State::Length(n)
+        })
+    }
+
+    /// A chunked body.
+    pub(crate) fn chunked() -> Decoder {
+        Decoder::with(State::Size)
+    }
+
+    /// A body that ends when the connection closes.
+    pub(crate) fn until_close() -> Decoder {
+        Decoder::with(State::Close)
+    }
+
+    /// Whether the body is over and every frame has been taken.
+    pub(crate) fn is_done(&self) -> bool {
+        self.state == State::Done && self.trailers.is_none()
+    }
+
+    /// The connection closed: the end of a close-delimited body (true), a cut-short body for
+    /// any other framing (false).
+    pub(crate) fn close(&mut self) -> bool {
+        let clean = matches!(self.state, State::Close | State::Done);
+        self.state = State::Done;
+        clean
+    }
+
+    /// Gives up on the body (an error was reported): nothing more is decoded.
+    pub(crate) fn abandon(&mut self) {
+        self.state = State::Done;
+        self.trailers = None;
+    }
+
+    /// The next frame `buf` holds whole, if any: data cut off its front, or the trailers once
+    /// the body is over.
+    pub(crate) fn next(&mut self, buf: &mut BytesMut) -> Result<Option<Frame<Bytes>>, Malformed> {
+        self.advance(buf)?;
+        match self.state {
+            State::Done => Ok(self.trailers.take().map(Frame::trailers)),
+            State::Length(_) | State::Close | State::Data(_) if buf.is_empty() => Ok(None),
+            State::Length(left) => {
+                let (data, rest) = take_up_to(buf, left);
+                self.state = if rest == 0 {
+                    State::Done
+                } else {
+                    State::Length(rest)
+                };
+                Ok(Some(Frame::data(data)))
+            }
+            State::Close => Ok(Some(Frame::data(buf.split().freeze()))),
+            State::Data(left) => {
+                let (data, rest) = take_up_to(buf, left);
+                self.state = if rest == 0 {
+                    State::DataEnd
+                } else {
+                    State::Data(rest)
+                };
+                // Move over what follows (the CRLF, the last chunk, the trailers) when it is
+                // here already, so the frame that ends the body says so. A malformed rest is
+                // left where it is, for the next call to report.
+                let _ = self.advance(buf);
+                Ok(Some(Frame::data(data)))
+            }
+            // Framing that is not all here yet.
+            State::Size | State::DataEnd | State::Trailers => Ok(None),
+        }
+    }
+
+    /// Consumes the framing between data (the CRLF after a chunk, chunk-size lines, trailer
+    /// fields up to the empty line) as far as `buf` holds it whole; consumes nothing of a part
+    /// it finds malformed.
+    pub(crate) fn advance(&mut self, buf: &mut BytesMut) -> Result<(), Malformed> {
+        loop {
+            match self.state {
+                State::Size => {
+                    let Some(end) = memchr::memchr(b'\n', buf) else {
+                        if buf.len() > MAX_CHUNK_LINE {
+                            return Err(Malformed("a chunk-size line too long"));
+                        }
+                        return Ok(());
+                    };
+                    let size = chunk_size(&buf[..end])?;
+                    buf.advance(end + 1);
+                    self.state = if size == 0 {
+                        State::Trailers
+                    } else {
+                        State::Data(size)
+                    };
+                }
+                State::DataEnd => match buf.first() {
+                    None => return Ok(()),
+                    Some(b'\n') => {
+                        buf.advance(1);
+                        self.state = State::Size;
+                    }
+                    Some(b'\r') if buf.len() < 2 => return Ok(()),
+                    Some(b'\r') if buf[1] == b'\n' => {
+                        buf.advance(2);
+                        self.state = State::Size;
+                    }
+                    Some(_) => return Err(Malformed("no CRLF after a chunk")),
+                },
+                State::Trailers => {
+                    let Some(end) = memchr::memchr(b'\n', buf) else {
+                        if buf.len() > MAX_TRAILER_BYTES {
+                            return Err(Malformed("trailers too large"));
+                        }
+                        return Ok(());
+                    };
+                    let line = &buf[..end];
+                    let line = line.strip_suffix(b"\r").unwrap_or(line);
+                    if line.is_empty() {
+                        buf.advance(end + 1);
+                        self.state = State::Done;
+                        continue;
+                    }
+                    self.trailer_bytes += end + 1;
+                    if self.trailer_bytes > MAX_TRAILER_BYTES {
+                        return Err(Malformed("trailers too large"));
+                    }
+                    if let Some((name, value)) = trailer(line) {
+                        self.trailers
+                            .get_or_insert_with(HeaderMap::new)
+                            .append(name, value);
+                    }
+                    buf.advance(end + 1);
+                }
+                State::Length(_) | State::Close | State::Data(_) | State::Done => return Ok(()),
+            }
+        }
+    }
+
+    pub(crate) fn size_hint(&self) -> SizeHint {
+        match self.state {
+            State::Done => SizeHint::with_exact(0),
+            State::Length(left) => SizeHint::with_exact(left),
+            _ => SizeHint::default(),
+        }
+    }
+}
+
+/// Up to `left` bytes cut off the front of `buf` (no copy), and how many are left after them.
+fn take_up_to(buf: &mut BytesMut, left: u64) -> (Bytes, u64) {
+    let n = (buf.len() as u64).min(left);
+    (buf.split_to(n as usize).freeze(), left - n)
+}
+
+/// A chunk-size line's size (extensions after `;` ignored).
+fn chunk_size(line: &[u8]) -> Result<u64, Malformed> {
+    const NOT_HEX: Malformed = Malformed("a chunk size that is not hex");
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let digits = line
+        .iter()
+        .position(|b| !b.is_ascii_hexdigit())
+        .unwrap_or(line.len());
+    if digits == 0 || digits > 15 {
+        return Err(NOT_HEX);
+    }
+    let rest = &line[digits..];
+    let rest = rest.trim_ascii_start();
+    if !(rest.is_empty() || rest.starts_with(b";")) {
+        return Err(NOT_HEX);
+    }
+    let text = std::str::from_utf8(&line[..digits]).map_err(|_| NOT_HEX)?;
+    u64::from_str_radix(text, 16).map_err(|_| NOT_HEX)
+}
+
+/// One trailer field, if it is a valid one (invalid ones are dropped, not fatal).
+fn trailer(line: &[u8]) -> Option<(HeaderName, HeaderValue)> {
+    let colon = memchr::memchr(b':', line)?;
+    let name = HeaderName::from_bytes(&line[..colon]).ok()?;
+    let value = HeaderValue::from_bytes(line[colon + 1..].trim_ascii()).ok()?;
+    Some((name, value))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frames(decoder: &mut Decoder, pieces: &[&[u8]]) -> Result<Vec<Frame<Bytes>>, Malformed> {
+        let mut buf = BytesMut::new();
+        let mut out = Vec::new();
+        for piece in pieces {
+            buf.extend_from_slice(piece);
+            while let Some(frame) = decoder.next(&mut buf)? {
+                out.push(frame);
+            }
+        }
+        Ok(out)
+    }
+
+    #[test]
+    fn chunked_in_pieces_with_extensions_and_trailers() {
+        let mut d = Decoder::chunked();
+        let got = frames(
+            &mut d,
+            &[
+                b"5;ext=1\r\nhel",
+                b"lo\r\n3\r",
+                b"\nabc\r\n0\r\nx-a: 1\r\n",
+                b"\r\n",
+            ],
+        )
+        .unwrap();
+        let data: Vec<u8> = got
+            .iter()
+            .filter_map(|f| f.data_ref())
+            .flat_map(|d| d.to_vec())
+            .collect();
+        assert_eq!(data, b"helloabc");
+        let trailers = got.last().unwrap().trailers_ref().unwrap();
+        assert_eq!(trailers["x-a"], "1");
+        assert!(d.is_done());
+    }
+
+    #[test]
+    fn the_last_data_frame_knows_the_body_is_over_when_the_end_is_buffered() {
+        let mut d = Decoder::chunked();
+        let mut buf = BytesMut::from(&b"3\r\nabc\r\n0\r\n\r\nGET / HTTP/1.1"[..]);
+        let frame = d.next(&mut buf).unwrap().unwrap();
+        assert_eq!(frame.data_ref().unwrap(), &b"abc"[..]);
+        assert!(d.is_done());
+        // What follows the body is left for the next message.
+        assert_eq!(&buf[..], b"GET / HTTP/1.1");
+    }
+
+    #[test]
+    fn a_length_body_stops_at_its_end() {
+        let mut d = Decoder::length(4);
+        let mut buf = BytesMut::from(&b"abcdEFG"[..]);
+        assert_eq!(
+            d.next(&mut buf).unwrap().unwrap().data_ref().unwrap(),
+            &b"abcd"[..]
+        );
+        assert!(d.is_done());
+        assert_eq!(&buf[..], b"EFG");
+    }
+
+    #[test]
+    fn bad_framing_is_named() {
+        assert_eq!(
+            frames(&mut Decoder::chunked(), &[b"zz\r\n"]).unwrap_err(),
+            Malformed("a chunk size that is not hex")
+        );
+        assert_eq!(
+            frames(&mut Decoder::chunked(), &[b"1\r\naXY"]).unwrap_err(),
+            Malformed("no CRLF after a chunk")
+        );
+        let long = vec![b'1'; MAX_CHUNK_LINE + 1];
+        assert!(frames(&mut Decoder::chunked(), &[&long]).is_err());
+    }
+
+    #[test]
+    fn a_close_ends_only_a_close_delimited_body_cleanly() {
+        assert!(Decoder::until_close().close());
+        assert!(!Decoder::length(3).close());
+        assert!(!Decoder::chunked().close());
+    }
+}
