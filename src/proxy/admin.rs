@@ -10,11 +10,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::Full;
-use hyper::body::Incoming;
 use hyper::service::service_fn;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use super::client_body::ClientBody;
 use super::connection;
 use super::generation::{Generation, Generations};
 use super::listener::{self, Health};
@@ -58,7 +58,7 @@ pub(crate) async fn serve(
 }
 
 fn respond(
-    req: &Request<Incoming>,
+    req: &Request<ClientBody>,
     generation: &Generation,
     health: &Health,
 ) -> Response<Full<Bytes>> {

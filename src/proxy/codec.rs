@@ -201,6 +201,16 @@ impl Decoder {
         }
     }
 
+    /// At most how many bytes of the body are still to come, when the framing says
+    /// (`Content-Length`), so a reader can stop at the body's end.
+    pub(crate) fn left(&self) -> Option<u64> {
+        match self.state {
+            State::Length(n) => Some(n),
+            State::Done => Some(0),
+            _ => None,
+        }
+    }
+
     pub(crate) fn size_hint(&self) -> SizeHint {
         match self.state {
             State::Done => SizeHint::with_exact(0),

@@ -32,6 +32,9 @@ use tokio::net::TcpStream;
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
+use super::client_body::ClientBody;
+use super::h1;
+
 /// The HTTP/2 connection preface (RFC 9113 §3.4).
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
@@ -195,9 +198,9 @@ pub(crate) struct Counted<S> {
     conn: Arc<ConnState>,
 }
 
-impl<S, B> hyper::service::Service<Request<Incoming>> for Counted<S>
+impl<S, B> hyper::service::Service<Request<ClientBody>> for Counted<S>
 where
-    S: hyper::service::Service<Request<Incoming>, Response = Response<B>>,
+    S: hyper::service::Service<Request<ClientBody>, Response = Response<B>>,
     S::Future: Send + 'static,
     B: Body<Data = Bytes>,
 {
@@ -205,7 +208,7 @@ where
     type Error = S::Error;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
 
-    fn call(&self, request: Request<Incoming>) -> Self::Future {
+    fn call(&self, request: Request<ClientBody>) -> Self::Future {
         let mut guard = self.conn.start();
         let response = self.inner.call(request);
         Box::pin(async move {
@@ -215,6 +218,21 @@ where
             }
             Ok(response.map(|inner| Tracked { inner, guard }))
         })
+    }
+}
+
+/// A service over [`ClientBody`] as hyper's HTTP/2 connection needs it: over `Incoming`.
+struct Http2<S>(S);
+
+impl<S: hyper::service::Service<Request<ClientBody>>> hyper::service::Service<Request<Incoming>>
+    for Http2<S>
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn call(&self, request: Request<Incoming>) -> Self::Future {
+        self.0.call(request.map(ClientBody::http2))
     }
 }
 
@@ -319,7 +337,7 @@ pub(crate) async fn serve<S, B, F>(
     mut shutdown: watch::Receiver<bool>,
 ) where
     F: FnOnce(Arc<ConnState>) -> S,
-    S: hyper::service::Service<Request<Incoming>, Response = Response<B>> + Send + 'static,
+    S: hyper::service::Service<Request<ClientBody>, Response = Response<B>> + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     B: Body<Data = Bytes> + Send + 'static,
@@ -332,12 +350,6 @@ pub(crate) async fn serve<S, B, F>(
     let Some((protocol, prefix, end)) = detect(&mut stream, limits.request_head).await else {
         return;
     };
-    let io = TokioIo::new(Prefixed {
-        prefix,
-        start: 0,
-        end,
-        stream,
-    });
     let conn = ConnState::new();
     let service = Counted {
         inner: make(conn.clone()),
@@ -345,15 +357,15 @@ pub(crate) async fn serve<S, B, F>(
     };
     match protocol {
         Protocol::Http1 => {
-            let connection = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(limits.request_head)
-                .max_buf_size(limits.max_head_bytes)
-                .serve_connection(io, service);
-            tokio::pin!(connection);
-            drive(connection, &conn, None, &mut shutdown).await;
+            h1::serve(stream, &prefix[..end], limits, service, &mut shutdown).await;
         }
         Protocol::Http2 => {
+            let io = TokioIo::new(Prefixed {
+                prefix,
+                start: 0,
+                end,
+                stream,
+            });
             let connection = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
                 .timer(TokioTimer::new())
                 .max_concurrent_streams(limits.max_streams)
@@ -361,7 +373,7 @@ pub(crate) async fn serve<S, B, F>(
                 .initial_stream_window_size(H2_STREAM_WINDOW)
                 .initial_connection_window_size(H2_CONNECTION_WINDOW)
                 .max_header_list_size(limits.max_head_bytes as u32)
-                .serve_connection(io, service);
+                .serve_connection(io, Http2(service));
             tokio::pin!(connection);
             drive(connection, &conn, Some(limits.client_idle), &mut shutdown).await;
         }
@@ -371,19 +383,6 @@ pub(crate) async fn serve<S, B, F>(
 /// A connection hyper serves, which can be asked to close gracefully.
 trait Graceful: Future<Output = Result<(), hyper::Error>> {
     fn close_gracefully(self: Pin<&mut Self>);
-}
-
-impl<I, S, B> Graceful for hyper::server::conn::http1::Connection<I, S>
-where
-    I: hyper::rt::Read + hyper::rt::Write + Unpin,
-    S: hyper::service::HttpService<Incoming, ResBody = B>,
-    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    B: Body + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    fn close_gracefully(self: Pin<&mut Self>) {
-        self.graceful_shutdown();
-    }
 }
 
 impl<I, S, B, E> Graceful for hyper::server::conn::http2::Connection<I, S, E>

@@ -134,8 +134,10 @@ pub(crate) async fn serve_listener<S, B, F>(
 ) -> JoinSet<()>
 where
     F: Fn(Arc<connection::ConnState>) -> S + Send + Sync + 'static,
-    S: hyper::service::Service<http::Request<hyper::body::Incoming>, Response = http::Response<B>>
-        + Send
+    S: hyper::service::Service<
+            http::Request<super::client_body::ClientBody>,
+            Response = http::Response<B>,
+        > + Send
         + 'static,
     S::Future: Send + 'static,
     S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,

@@ -7,12 +7,14 @@
 //! reload; [`error`] is the one place errors become HTTP.
 
 pub(crate) mod admin;
+pub(crate) mod client_body;
 pub(crate) mod codec;
 pub(crate) mod connection;
 pub(crate) mod engine_metrics;
 pub(crate) mod error;
 pub(crate) mod forward;
 pub(crate) mod generation;
+pub(crate) mod h1;
 pub(crate) mod listener;
 pub(crate) mod request_body;
 pub(crate) mod server;

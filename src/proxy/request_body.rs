@@ -21,11 +21,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 use pin_project_lite::pin_project;
 use tokio::sync::Notify;
 use tokio::time::{Instant, Sleep};
 
+use super::client_body::{ClientBody, ClientBodyError};
 use crate::measure::ModelSlot;
 use crate::parse::{ModelScanner, Scan};
 
@@ -171,7 +171,7 @@ impl Drop for Retained {
 /// Why a request body ended in an error.
 #[derive(Debug)]
 pub(crate) enum RequestBodyError {
-    Client(hyper::Error),
+    Client(ClientBodyError),
     Stalled(Duration),
 }
 
@@ -201,7 +201,7 @@ pin_project! {
     /// The client's request body on its way upstream.
     pub(crate) struct RequestBody {
         #[pin]
-        inner: Incoming,
+        inner: ClientBody,
         scanner: Option<ModelScanner>,
         slot: ModelSlot,
         upload: Arc<Upload>,
@@ -216,7 +216,7 @@ pin_project! {
 
 impl RequestBody {
     pub(crate) fn new(
-        inner: Incoming,
+        inner: ClientBody,
         slot: ModelSlot,
         upload: Arc<Upload>,
         stall_after: Duration,
@@ -313,7 +313,7 @@ impl Body for RequestBody {
             None => true,
             Some(Ok(_)) => this.inner.is_end_stream(),
             Some(Err(e)) => {
-                this.upload.fail(classify(e));
+                this.upload.fail(e.fault());
                 false
             }
         };
@@ -334,27 +334,6 @@ impl Body for RequestBody {
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
     }
-}
-
-/// How a client's body failed: bytes that are not valid HTTP framing (hyper reports a bad chunk
-/// size as an I/O error of kind `InvalidData` or `InvalidInput`), or a client gone.
-fn classify(error: &hyper::Error) -> ClientFault {
-    if error.is_parse() {
-        return ClientFault::Malformed;
-    }
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
-            if matches!(
-                io.kind(),
-                std::io::ErrorKind::InvalidData | std::io::ErrorKind::InvalidInput
-            ) {
-                return ClientFault::Malformed;
-            }
-        }
-        source = cause.source();
-    }
-    ClientFault::Gone
 }
 
 /// A kept request body, sent again.

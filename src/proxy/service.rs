@@ -14,9 +14,9 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http::{header, Method, Request, Response, Version};
 use http_body_util::{Either, Full};
-use hyper::body::Incoming;
 use tokio::time::Instant;
 
+use super::client_body::ClientBody;
 use super::error::Error;
 use super::forward::Trip;
 use super::generation::Generations;
@@ -41,7 +41,7 @@ impl Proxy {
 
 /// A request the proxy will not forward as it is: `CONNECT` (it does not tunnel), and an
 /// HTTP/1.1 request without exactly one valid `Host` (RFC 9112 §3.2).
-fn refusal(request: &Request<Incoming>) -> Option<Error> {
+fn refusal(request: &Request<ClientBody>) -> Option<Error> {
     if request.method() == Method::CONNECT {
         return Some(Error::MethodNotAllowed {
             method: request.method().clone(),
@@ -70,7 +70,7 @@ fn refusal(request: &Request<Incoming>) -> Option<Error> {
     }
 }
 
-impl tower::Service<Request<Incoming>> for Proxy {
+impl tower::Service<Request<ClientBody>> for Proxy {
     type Response = Response<ProxyBody>;
     type Error = Infallible;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
@@ -79,7 +79,7 @@ impl tower::Service<Request<Incoming>> for Proxy {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, request: Request<Incoming>) -> Self::Future {
+    fn call(&mut self, request: Request<ClientBody>) -> Self::Future {
         // The request keeps this configuration to its end, whatever a reload does meanwhile.
         let generation = self.generations.current();
         let mut recorder = Recorder::start(

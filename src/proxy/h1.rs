@@ -1,0 +1,942 @@
+//! The HTTP/1.1 server side of a client connection, the proxy's own (HTTP/2 stays hyper's).
+//!
+//! Why its own: on this path every frame of every stream is written, and every keep-alive
+//! connection waits between requests. hyper's server connection kept an 8 KiB read buffer, an
+//! 8 KiB write buffer and a cached header map for a connection's whole life, and put its
+//! dispatcher between the body and the socket on every frame. Here a connection holds no buffer
+//! while it waits for a request (the read buffer is freed once the last head is consumed, as
+//! nginx does), the head is read into 1 KiB that grows only for a larger head, and the frames
+//! of a response are written straight from the upstream's read buffer: a chunk-size line, the
+//! frame, a CRLF, gathered with whatever else is ready into one `writev`.
+//!
+//! What it speaks (RFC 9112): request heads parsed by `httparse` (at most
+//! `limits.max_request_head_bytes`, [`MAX_HEADERS`] fields; 431 beyond, 400 for what does not
+//! parse); request bodies framed by `Transfer-Encoding: chunked` (which wins over a
+//! `Content-Length`, and then the connection closes after the response) or `Content-Length`
+//! (several that differ: 400); `Expect: 100-continue` answered when the body is first read;
+//! responses framed by their `Content-Length`, an exact size, chunked for HTTP/1.1 (trailers sent
+//! when the request said `TE: trailers`), or the close for HTTP/1.0; no body for `HEAD`, 1xx,
+//! 204 and 304; a `date` field when the response has none. Keep-alive per HTTP/1.1 and
+//! HTTP/1.0's `Connection: keep-alive`; a connection is reused only when the request body was
+//! read to its end and the response ended cleanly. Pipelined requests are served in order.
+//!
+//! Bounds: an idle keep-alive connection is closed after `timeouts.client_idle`; a head must be
+//! complete within `timeouts.request_head` of its first byte; a client that closes its side
+//! while its request is served cancels it (as with hyper). An upstream body that breaks ends
+//! the client's response without its last chunk, so the client sees it cut short.
+
+use std::collections::VecDeque;
+use std::future::{poll_fn, Future};
+use std::io::{self, IoSlice};
+use std::mem::MaybeUninit;
+use std::pin::pin;
+use std::sync::{Arc, Mutex};
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Uri, Version};
+use http_body::{Body, Frame, SizeHint};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::client_body::{ClientBody, ClientBodyError};
+use super::codec::{Decoder, Malformed};
+use super::connection::Limits;
+
+/// Request header fields at most (hyper's default too); more is a 431.
+pub(crate) const MAX_HEADERS: usize = 100;
+/// The read buffer's first size for a head: most requests' heads (and often their bodies) fit.
+/// It doubles while a head does not fit, up to `limits.max_request_head_bytes`.
+const READ_FIRST: usize = 1 << 10;
+/// The most read at once of a request body that did not come with its head.
+const BODY_READ: usize = 16 << 10;
+/// Response bytes queued ahead of the socket before no more frames are taken from the body: a
+/// client that does not read holds back the upstream, not the proxy's memory.
+const GATHER_BYTES: usize = 16 << 10;
+/// Buffers in one `writev`.
+const MAX_SLICES: usize = 64;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Serves HTTP/1.1 on `stream` (whose first bytes, already read, are `prefix`) until the client
+/// closes, an idle or head timeout, an error, or `shutdown` (the request in progress finishes
+/// first, with `connection: close`).
+pub(crate) async fn serve<S, B>(
+    stream: TcpStream,
+    prefix: &[u8],
+    limits: Limits,
+    service: S,
+    shutdown: &mut watch::Receiver<bool>,
+) where
+    S: hyper::service::Service<Request<ClientBody>, Response = Response<B>>,
+    S::Error: Into<BoxError>,
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let mut client = Client {
+        stream: Arc::new(stream),
+        read: BytesMut::from(prefix),
+        reading: true,
+        eof: false,
+        handback: None,
+        max_head: limits.max_head_bytes,
+    };
+    let mut closing = *shutdown.borrow();
+    loop {
+        let head = match client.read_head(&limits, shutdown, &mut closing).await {
+            Ok(Some(head)) => head,
+            Ok(None) => return,
+            Err(refusal) => {
+                client.refuse(refusal, limits.request_head).await;
+                return;
+            }
+        };
+        let exchange = head.exchange;
+        let request = client.request(head);
+        let mut call = pin!(service.call(request));
+        // Until the response head: the client closing its side cancels the request.
+        let answered = poll_fn(|cx| {
+            if let Poll::Ready(answer) = call.as_mut().poll(cx) {
+                return Poll::Ready(Some(answer.map_err(Into::<BoxError>::into)));
+            }
+            match client.poll_watch(cx) {
+                Poll::Ready(()) => Poll::Ready(None),
+                Poll::Pending => Poll::Pending,
+            }
+        })
+        .await;
+        let response = match answered {
+            Some(Ok(response)) => response,
+            Some(Err(e)) => {
+                tracing::debug!(error = %e, "the service failed a request; closing the connection");
+                return;
+            }
+            None => return,
+        };
+        closing |= *shutdown.borrow();
+        if !client.respond(response, &exchange, closing).await {
+            return;
+        }
+        closing |= *shutdown.borrow();
+        if closing && client.read.is_empty() {
+            return;
+        }
+    }
+}
+
+/// What the response depends on in the request.
+#[derive(Debug, Clone, Copy)]
+struct Exchange {
+    version: Version,
+    head_method: bool,
+    keep_alive: bool,
+    trailers: bool,
+}
+
+/// A parsed request head and how its body is framed.
+struct Head {
+    request: Request<()>,
+    body: Decoder,
+    expect_continue: bool,
+    exchange: Exchange,
+}
+
+/// Why a request is answered by the connection itself and the connection closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    BadRequest,
+    TooLarge,
+}
+
+/// The client's connection: the socket (shared with a request body that reads it) and what was
+/// read of the next request.
+struct Client {
+    stream: Arc<TcpStream>,
+    read: BytesMut,
+    /// Whether the read side is the connection's: not while a request body is being read.
+    reading: bool,
+    eof: bool,
+    /// Where a streamed request body gives the read side back when it has ended.
+    handback: Option<Arc<Handback>>,
+    max_head: usize,
+}
+
+impl Client {
+    /// Reads into `read` (at most `limit` bytes held); `Ok(0)` at the client's close.
+    fn poll_fill(&mut self, cx: &mut Context<'_>, limit: usize) -> Poll<io::Result<usize>> {
+        loop {
+            ready!(self.stream.poll_read_ready(cx))?;
+            // Space only once there is something to read: a waiting connection holds none.
+            if self.read.capacity() == self.read.len() {
+                let grow = self.read.capacity().max(READ_FIRST);
+                let room = limit.saturating_sub(self.read.len());
+                if room == 0 {
+                    return Poll::Ready(Err(io::Error::other("request head too large")));
+                }
+                self.read.reserve(grow.min(room));
+            }
+            let room = limit.saturating_sub(self.read.len());
+            match self.stream.try_read_buf(&mut (&mut self.read).limit(room)) {
+                Ok(n) => return Poll::Ready(Ok(n)),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+
+    /// Waits for a whole request head. `None`: the client closed, went idle too long, sent a
+    /// head too slowly, or the proxy is shutting down with nothing of a request here.
+    async fn read_head(
+        &mut self,
+        limits: &Limits,
+        shutdown: &mut watch::Receiver<bool>,
+        closing: &mut bool,
+    ) -> Result<Option<Head>, Refusal> {
+        let mut deadline = if self.read.is_empty() {
+            Instant::now() + limits.client_idle
+        } else {
+            Instant::now() + limits.request_head
+        };
+        loop {
+            if !self.read.is_empty() {
+                if let Some(head) = parse_head(&mut self.read)? {
+                    if self.read.is_empty() {
+                        // Whatever is left of the allocation goes with the head's bytes.
+                        self.read = BytesMut::new();
+                    }
+                    return Ok(Some(head));
+                }
+                if self.read.len() >= self.max_head {
+                    return Err(Refusal::TooLarge);
+                }
+            }
+            if self.eof || (*closing && self.read.is_empty()) {
+                return Ok(None);
+            }
+            let was_empty = self.read.is_empty();
+            let sleep = tokio::time::sleep_until(deadline);
+            tokio::select! {
+                biased;
+                filled = poll_fn(|cx| self.poll_fill(cx, self.max_head)) => match filled {
+                    Ok(0) => self.eof = true,
+                    Ok(_) => {
+                        if was_empty {
+                            deadline = Instant::now() + limits.request_head;
+                        }
+                    }
+                    Err(_) if self.read.len() >= self.max_head => return Err(Refusal::TooLarge),
+                    Err(_) => return Ok(None),
+                },
+                () = sleep => return Ok(None),
+                changed = shutdown.changed(), if !*closing => {
+                    if changed.is_err() || *shutdown.borrow() {
+                        *closing = true;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The request for the service: its body is what came with the head when all of it did,
+    /// otherwise read from the socket as the upstream takes it.
+    fn request(&mut self, head: Head) -> Request<ClientBody> {
+        let Head {
+            request,
+            mut body,
+            expect_continue,
+            ..
+        } = head;
+        let whole = match body.size_hint().exact() {
+            Some(0) => Some(None),
+            Some(n) if (self.read.len() as u64) >= n => match body.next(&mut self.read) {
+                Ok(frame) => Some(frame.and_then(|f| f.into_data().ok())),
+                Err(_) => None,
+            },
+            _ => None,
+        };
+        let body = match whole {
+            Some(data) => {
+                if self.read.is_empty() {
+                    self.read = BytesMut::new();
+                }
+                ClientBody::whole(data)
+            }
+            None => {
+                // Owed only while the client waits for it: nothing of the body sent yet.
+                let expect_continue = expect_continue && self.read.is_empty();
+                let handback = Arc::new(Handback::default());
+                self.handback = Some(handback.clone());
+                self.reading = false;
+                ClientBody::streamed(Streamed {
+                    stream: self.stream.clone(),
+                    buf: std::mem::take(&mut self.read),
+                    decoder: body,
+                    handback,
+                    expect_continue: expect_continue.then_some(CONTINUE),
+                    handed: false,
+                    failed: false,
+                })
+            }
+        };
+        request.map(|()| body)
+    }
+
+    /// Takes the read side back from a request body that has ended.
+    fn reclaim(&mut self) {
+        let Some(handback) = &self.handback else {
+            return;
+        };
+        let rest = handback
+            .rest
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(rest) = rest {
+            self.read = rest;
+            self.reading = true;
+            self.handback = None;
+        }
+    }
+
+    /// Watches the client while its request is served: what it sends is kept for the next
+    /// request; `Ready` when it closed or broke the connection.
+    fn poll_watch(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        self.reclaim();
+        if !self.reading {
+            return Poll::Pending;
+        }
+        loop {
+            if self.eof {
+                return Poll::Ready(());
+            }
+            if self.read.len() >= self.max_head {
+                // A pipelining client waits for its turn.
+                return Poll::Pending;
+            }
+            match ready!(self.poll_fill(cx, self.max_head)) {
+                Ok(0) => self.eof = true,
+                Ok(_) => {}
+                Err(_) => return Poll::Ready(()),
+            }
+        }
+    }
+
+    /// Writes the response; whether the connection may serve another request.
+    async fn respond<B>(
+        &mut self,
+        response: Response<B>,
+        exchange: &Exchange,
+        closing: bool,
+    ) -> bool
+    where
+        B: Body<Data = Bytes>,
+        B::Error: Into<BoxError>,
+    {
+        let (parts, body) = response.into_parts();
+        let status = parts.status;
+        let bodiless = exchange.head_method
+            || status.is_informational()
+            || status == StatusCode::NO_CONTENT
+            || status == StatusCode::NOT_MODIFIED;
+        let declared = parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        let framing = if bodiless {
+            Out::None
+        } else if let Some(n) = declared {
+            Out::Length(n)
+        } else if let Some(n) = body.size_hint().exact() {
+            Out::Exact(n)
+        } else if exchange.version == Version::HTTP_11 {
+            Out::Chunked
+        } else {
+            Out::Close
+        };
+        self.reclaim();
+        let mut keep = exchange.keep_alive && !closing && framing != Out::Close && self.reading;
+        let mut writer = Writer::default();
+        writer.push(Piece::Bytes(encode_head(
+            exchange.version,
+            status,
+            &parts.headers,
+            framing,
+            keep,
+            exchange.keep_alive,
+        )));
+        if bodiless {
+            drop(body);
+            return self.flush(&mut writer).await && keep;
+        }
+        let mut body = pin!(body);
+        let mut left = match framing {
+            Out::Length(n) | Out::Exact(n) => Some(n),
+            _ => None,
+        };
+        let mut ended = body.is_end_stream();
+        if ended {
+            writer.end(framing, None, exchange.trailers);
+        }
+        let mut broken = false;
+        let finished = poll_fn(|cx| loop {
+            let mut body_pending = false;
+            while !ended && !broken && writer.queued < GATHER_BYTES && writer.room() {
+                match body.as_mut().poll_frame(cx) {
+                    Poll::Ready(Some(Ok(frame))) => {
+                        match frame.into_data() {
+                            Ok(data) => {
+                                if let Some(left) = left.as_mut() {
+                                    // More than the length said: cut, and close after.
+                                    let take = (data.len() as u64).min(*left);
+                                    *left -= take;
+                                    if take < data.len() as u64 {
+                                        broken = true;
+                                    }
+                                    writer.data(data.slice(..take as usize), framing);
+                                } else {
+                                    writer.data(data, framing);
+                                }
+                            }
+                            Err(frame) => {
+                                ended = true;
+                                writer.end(framing, frame.into_trailers().ok(), exchange.trailers);
+                                break;
+                            }
+                        }
+                        if body.is_end_stream() {
+                            ended = true;
+                            writer.end(framing, None, exchange.trailers);
+                        }
+                    }
+                    Poll::Ready(None) => {
+                        ended = true;
+                        writer.end(framing, None, exchange.trailers);
+                    }
+                    Poll::Ready(Some(Err(e))) => {
+                        let e: BoxError = e.into();
+                        tracing::debug!(error = %e, "a response body failed; cutting the client's response short");
+                        broken = true;
+                    }
+                    Poll::Pending => body_pending = true,
+                }
+                if body_pending {
+                    break;
+                }
+            }
+            let wrote = match writer.poll_write(&self.stream, cx) {
+                Poll::Ready(Ok(())) => true,
+                Poll::Ready(Err(_)) => return Poll::Ready(false),
+                Poll::Pending => false,
+            };
+            if wrote && (ended || broken) {
+                return Poll::Ready(ended && !broken);
+            }
+            if self.poll_watch(cx).is_ready() {
+                return Poll::Ready(false);
+            }
+            if !wrote || body_pending {
+                return Poll::Pending;
+            }
+        })
+        .await;
+        if !finished || left.is_some_and(|left| left > 0) {
+            return false;
+        }
+        self.reclaim();
+        keep &= self.reading;
+        keep
+    }
+
+    /// Writes what is queued; whether all of it went.
+    async fn flush(&mut self, writer: &mut Writer) -> bool {
+        poll_fn(|cx| writer.poll_write(&self.stream, cx))
+            .await
+            .is_ok()
+    }
+
+    /// Answers a head that cannot be served, and the connection closes.
+    async fn refuse(&mut self, refusal: Refusal, within: Duration) {
+        let status = match refusal {
+            Refusal::BadRequest => StatusCode::BAD_REQUEST,
+            Refusal::TooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+        };
+        let mut writer = Writer::default();
+        writer.push(Piece::Bytes(encode_head(
+            Version::HTTP_11,
+            status,
+            &HeaderMap::new(),
+            Out::Exact(0),
+            false,
+            false,
+        )));
+        let _ = tokio::time::timeout(within, self.flush(&mut writer)).await;
+    }
+}
+
+/// How a response body is framed on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Out {
+    /// No body (HEAD, 1xx, 204, 304).
+    None,
+    /// The response's own `Content-Length`.
+    Length(u64),
+    /// A size the body knows: `Content-Length` added.
+    Exact(u64),
+    Chunked,
+    /// Until the connection closes (HTTP/1.0 without a known length).
+    Close,
+}
+
+const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
+
+/// The response head, with the fields the framing and the connection need.
+fn encode_head(
+    version: Version,
+    status: StatusCode,
+    headers: &HeaderMap,
+    framing: Out,
+    keep: bool,
+    asked_keep_alive: bool,
+) -> Bytes {
+    let mut out = Vec::with_capacity(
+        64 + headers
+            .iter()
+            .map(|(n, v)| n.as_str().len() + v.len() + 4)
+            .sum::<usize>(),
+    );
+    out.extend_from_slice(if version == Version::HTTP_10 {
+        b"HTTP/1.0 "
+    } else {
+        b"HTTP/1.1 "
+    });
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
+    out.extend_from_slice(b"\r\n");
+    for (name, value) in headers {
+        if name == header::TRANSFER_ENCODING || name == header::CONNECTION {
+            continue;
+        }
+        if name == header::CONTENT_LENGTH && framing == Out::Chunked {
+            continue;
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if !headers.contains_key(header::DATE) {
+        out.extend_from_slice(b"date: ");
+        date::write(&mut out);
+        out.extend_from_slice(b"\r\n");
+    }
+    match framing {
+        Out::Exact(n) => {
+            out.extend_from_slice(b"content-length: ");
+            out.extend_from_slice(n.to_string().as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        Out::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+        Out::None | Out::Length(_) | Out::Close => {}
+    }
+    if !keep {
+        out.extend_from_slice(b"connection: close\r\n");
+    } else if version == Version::HTTP_10 && asked_keep_alive {
+        out.extend_from_slice(b"connection: keep-alive\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    Bytes::from(out)
+}
+
+/// The `date` field's value, formatted once a second per thread.
+mod date {
+    use std::cell::RefCell;
+    use std::time::{SystemTime, UNIX_EPOCH};
+
+    thread_local! {
+        static CACHED: RefCell<(u64, String)> = const { RefCell::new((u64::MAX, String::new())) };
+    }
+
+    pub(super) fn write(out: &mut Vec<u8>) {
+        let now = SystemTime::now();
+        let second = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        CACHED.with(|cached| {
+            let mut cached = cached.borrow_mut();
+            if cached.0 != second {
+                *cached = (second, httpdate::fmt_http_date(now));
+            }
+            out.extend_from_slice(cached.1.as_bytes());
+        });
+    }
+}
+
+/// Parses a request head at the front of `buf`, taking it off; `None` while it is incomplete.
+fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, Refusal> {
+    let mut fields = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+    let mut parsed = httparse::Request::new(&mut []);
+    let length = match httparse::ParserConfig::default().parse_request_with_uninit_headers(
+        &mut parsed,
+        buf,
+        &mut fields,
+    ) {
+        Ok(httparse::Status::Complete(length)) => length,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => return Err(Refusal::TooLarge),
+        Err(_) => return Err(Refusal::BadRequest),
+    };
+    // Where each part lies in the buffer, so the parts can be slices of the frozen head.
+    let base = buf.as_ptr() as usize;
+    let span = |part: &[u8]| {
+        let start = part.as_ptr() as usize - base;
+        start..start + part.len()
+    };
+    let method = Method::from_bytes(parsed.method.unwrap_or("").as_bytes())
+        .map_err(|_| Refusal::BadRequest)?;
+    let path = span(parsed.path.unwrap_or("").as_bytes());
+    let version = if parsed.version == Some(0) {
+        Version::HTTP_10
+    } else {
+        Version::HTTP_11
+    };
+    let fields: Vec<(HeaderName, std::ops::Range<usize>)> = parsed
+        .headers
+        .iter()
+        .map(|h| {
+            HeaderName::from_bytes(h.name.as_bytes())
+                .map(|name| (name, span(h.value)))
+                .map_err(|_| Refusal::BadRequest)
+        })
+        .collect::<Result<_, _>>()?;
+    let head = buf.split_to(length).freeze();
+    let uri = Uri::from_maybe_shared(head.slice(path)).map_err(|_| Refusal::BadRequest)?;
+    let mut headers = HeaderMap::with_capacity(fields.len());
+    for (name, value) in fields {
+        let value =
+            HeaderValue::from_maybe_shared(head.slice(value)).map_err(|_| Refusal::BadRequest)?;
+        headers.append(name, value);
+    }
+    let mut request = Request::new(());
+    *request.method_mut() = method;
+    *request.uri_mut() = uri;
+    *request.version_mut() = version;
+    let connection_says = |token: &str| {
+        headers.get_all(header::CONNECTION).iter().any(|v| {
+            v.to_str()
+                .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+        })
+    };
+    let mut keep_alive = if version == Version::HTTP_10 {
+        connection_says("keep-alive")
+    } else {
+        !connection_says("close")
+    };
+    let chunked = match headers
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .next_back()
+    {
+        None => false,
+        Some(last) => {
+            let last = last.to_str().map_err(|_| Refusal::BadRequest)?;
+            let coding = last.rsplit(',').next().unwrap_or("").trim();
+            if !coding.eq_ignore_ascii_case("chunked") || version == Version::HTTP_10 {
+                return Err(Refusal::BadRequest);
+            }
+            true
+        }
+    };
+    let body = if chunked {
+        if headers.contains_key(header::CONTENT_LENGTH) {
+            // Both: the chunked framing wins (RFC 9112 §6.3), and the connection ends after.
+            keep_alive = false;
+        }
+        Decoder::chunked()
+    } else {
+        let mut length = None;
+        for value in headers.get_all(header::CONTENT_LENGTH) {
+            for item in value.to_str().map_err(|_| Refusal::BadRequest)?.split(',') {
+                let item = item.trim();
+                if item.is_empty() || !item.bytes().all(|b| b.is_ascii_digit()) {
+                    return Err(Refusal::BadRequest);
+                }
+                let n: u64 = item.parse().map_err(|_| Refusal::BadRequest)?;
+                if length.is_some_and(|l| l != n) {
+                    return Err(Refusal::BadRequest);
+                }
+                length = Some(n);
+            }
+        }
+        Decoder::length(length.unwrap_or(0))
+    };
+    let expect_continue = version == Version::HTTP_11
+        && headers
+            .get(header::EXPECT)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    let trailers = headers.get_all(header::TE).iter().any(|v| {
+        v.to_str().is_ok_and(|v| {
+            v.split(',')
+                .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
+        })
+    });
+    *request.headers_mut() = headers;
+    let head_method = request.method() == Method::HEAD;
+    Ok(Some(Head {
+        request,
+        body,
+        expect_continue,
+        exchange: Exchange {
+            version,
+            head_method,
+            keep_alive,
+            trailers,
+        },
+    }))
+}
+
+/// Where a request body read from the socket leaves what it read past its end, once it has
+/// ended: the connection takes it back for the next request.
+#[derive(Default)]
+struct Handback {
+    rest: Mutex<Option<BytesMut>>,
+}
+
+/// A request body that did not all come with its head, read from the client's socket as it is
+/// polled (so at the pace the upstream takes it).
+pub(crate) struct Streamed {
+    stream: Arc<TcpStream>,
+    buf: BytesMut,
+    decoder: Decoder,
+    handback: Arc<Handback>,
+    /// What is left to write of a `100 Continue`, owed before the first read.
+    expect_continue: Option<&'static [u8]>,
+    handed: bool,
+    failed: bool,
+}
+
+impl Streamed {
+    fn hand_back(&mut self) {
+        if std::mem::replace(&mut self.handed, true) {
+            return;
+        }
+        let rest = std::mem::take(&mut self.buf);
+        *self.handback.rest.lock().unwrap_or_else(|p| p.into_inner()) = Some(rest);
+    }
+
+    fn fail(
+        &mut self,
+        error: ClientBodyError,
+    ) -> Poll<Option<Result<Frame<Bytes>, ClientBodyError>>> {
+        self.failed = true;
+        Poll::Ready(Some(Err(error)))
+    }
+}
+
+impl Body for Streamed {
+    type Data = Bytes;
+    type Error = ClientBodyError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, ClientBodyError>>> {
+        let this = &mut *self;
+        loop {
+            if this.failed {
+                return Poll::Ready(None);
+            }
+            match this.decoder.next(&mut this.buf) {
+                Ok(Some(frame)) => {
+                    if this.decoder.is_done() {
+                        this.hand_back();
+                    }
+                    return Poll::Ready(Some(Ok(frame)));
+                }
+                Ok(None) if this.decoder.is_done() => {
+                    this.hand_back();
+                    return Poll::Ready(None);
+                }
+                Ok(None) => {}
+                Err(Malformed(what)) => return this.fail(ClientBodyError::Malformed(what)),
+            }
+            if let Some(owed) = this.expect_continue {
+                if let Err(e) = ready!(this.stream.poll_write_ready(cx)) {
+                    return this.fail(ClientBodyError::Gone(Some(e)));
+                }
+                match this.stream.try_write(owed) {
+                    Ok(n) => this.expect_continue = (n < owed.len()).then(|| &owed[n..]),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => return this.fail(ClientBodyError::Gone(Some(e))),
+                }
+                continue;
+            }
+            if let Err(e) = ready!(this.stream.poll_read_ready(cx)) {
+                return this.fail(ClientBodyError::Gone(Some(e)));
+            }
+            // Never past a Content-Length body's end: what follows is the next request's.
+            let want = this
+                .decoder
+                .left()
+                .map_or(BODY_READ, |left| left.min(BODY_READ as u64) as usize);
+            if this.buf.capacity() - this.buf.len() < want {
+                this.buf.reserve(want);
+            }
+            match this.stream.try_read_buf(&mut (&mut this.buf).limit(want)) {
+                Ok(0) => return this.fail(ClientBodyError::Gone(None)),
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return this.fail(ClientBodyError::Gone(Some(e))),
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.failed || self.decoder.is_done()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.decoder.size_hint()
+    }
+}
+
+/// One buffer of the response on its way out.
+enum Piece {
+    Bytes(Bytes),
+    Static(&'static [u8]),
+    /// A chunk-size line: hex digits and CRLF, `start..end` of the array left to write.
+    Line([u8; 18], u8, u8),
+}
+
+impl Piece {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Piece::Bytes(b) => b,
+            Piece::Static(s) => s,
+            Piece::Line(line, start, end) => &line[*start as usize..*end as usize],
+        }
+    }
+
+    fn advance(&mut self, n: usize) {
+        match self {
+            Piece::Bytes(b) => b.advance(n),
+            Piece::Static(s) => *s = &s[n..],
+            Piece::Line(_, start, _) => *start += n as u8,
+        }
+    }
+
+    fn chunk_line(len: usize) -> Piece {
+        let mut line = [0u8; 18];
+        let digits = format_hex(len, &mut line);
+        line[digits] = b'\r';
+        line[digits + 1] = b'\n';
+        Piece::Line(line, 0, (digits + 2) as u8)
+    }
+}
+
+/// Writes `n` in hex at the front of `out`; how many digits.
+fn format_hex(n: usize, out: &mut [u8; 18]) -> usize {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let digits = ((usize::BITS - n.leading_zeros()).div_ceil(4)).max(1) as usize;
+    for i in 0..digits {
+        out[digits - 1 - i] = HEX[(n >> (4 * i)) & 0xF];
+    }
+    digits
+}
+
+/// The response bytes queued for the socket.
+#[derive(Default)]
+struct Writer {
+    pieces: VecDeque<Piece>,
+    queued: usize,
+}
+
+impl Writer {
+    fn push(&mut self, piece: Piece) {
+        let len = piece.as_slice().len();
+        if len > 0 {
+            self.queued += len;
+            self.pieces.push_back(piece);
+        }
+    }
+
+    /// Whether another frame's pieces fit in one `writev`.
+    fn room(&self) -> bool {
+        self.pieces.len() + 3 <= MAX_SLICES
+    }
+
+    fn data(&mut self, data: Bytes, framing: Out) {
+        if data.is_empty() {
+            return;
+        }
+        if framing == Out::Chunked {
+            self.push(Piece::chunk_line(data.len()));
+            self.push(Piece::Bytes(data));
+            self.push(Piece::Static(b"\r\n"));
+        } else {
+            self.push(Piece::Bytes(data));
+        }
+    }
+
+    /// The end of a chunked body: the last chunk, trailers if the client takes them.
+    fn end(&mut self, framing: Out, trailers: Option<HeaderMap>, send_trailers: bool) {
+        if framing != Out::Chunked {
+            return;
+        }
+        match trailers.filter(|t| send_trailers && !t.is_empty()) {
+            None => self.push(Piece::Static(b"0\r\n\r\n")),
+            Some(trailers) => {
+                let mut out = b"0\r\n".to_vec();
+                for (name, value) in &trailers {
+                    out.extend_from_slice(name.as_str().as_bytes());
+                    out.extend_from_slice(b": ");
+                    out.extend_from_slice(value.as_bytes());
+                    out.extend_from_slice(b"\r\n");
+                }
+                out.extend_from_slice(b"\r\n");
+                self.push(Piece::Bytes(Bytes::from(out)));
+            }
+        }
+    }
+
+    /// Writes until nothing is queued (`Ready(Ok)`) or the socket is full (`Pending`).
+    fn poll_write(&mut self, stream: &TcpStream, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while !self.pieces.is_empty() {
+            ready!(stream.poll_write_ready(cx))?;
+            let mut slices = [IoSlice::new(&[]); MAX_SLICES];
+            let mut count = 0;
+            for (slot, piece) in slices.iter_mut().zip(self.pieces.iter()) {
+                *slot = IoSlice::new(piece.as_slice());
+                count += 1;
+            }
+            match stream.try_write_vectored(&slices[..count]) {
+                Ok(0) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Ok(mut n) => {
+                    self.queued -= n;
+                    while n > 0 {
+                        let Some(front) = self.pieces.front_mut() else {
+                            break;
+                        };
+                        let len = front.as_slice().len();
+                        if n >= len {
+                            n -= len;
+                            self.pieces.pop_front();
+                        } else {
+                            front.advance(n);
+                            n = 0;
+                        }
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+        // The queue's own storage goes too: a waiting connection holds none.
+        if self.pieces.capacity() > MAX_SLICES {
+            self.pieces = VecDeque::new();
+        }
+        Poll::Ready(Ok(()))
+    }
+}
