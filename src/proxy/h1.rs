@@ -940,3 +940,378 @@ impl Writer {
         Poll::Ready(Ok(()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The server against a raw client socket: exact bytes in, exact bytes out.
+
+    use std::collections::VecDeque;
+    use std::convert::Infallible;
+    use std::pin::Pin;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use http_body_util::BodyExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    const DEADLINE: Duration = Duration::from_secs(10);
+
+    /// A response body of given frames (an `Err` breaks it), of unknown length.
+    struct Frames(VecDeque<Result<Frame<Bytes>, io::Error>>);
+
+    impl Body for Frames {
+        type Data = Bytes;
+        type Error = io::Error;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
+            Poll::Ready(self.0.pop_front())
+        }
+    }
+
+    fn limits() -> Limits {
+        Limits {
+            request_head: Duration::from_secs(5),
+            client_idle: Duration::from_secs(5),
+            max_head_bytes: 8 << 10,
+            max_streams: 1,
+        }
+    }
+
+    /// A server for one connection whose service answers each request with `answer`; the
+    /// client's socket.
+    async fn connect<F>(limits: Limits, answer: F) -> (TcpStream, tokio::task::JoinHandle<()>)
+    where
+        F: Fn(http::request::Parts, Bytes) -> Response<Frames> + Send + Sync + 'static,
+    {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (stream, _) = listener.accept().await.unwrap();
+        let answer = Arc::new(answer);
+        let server = tokio::spawn(async move {
+            let (_keep, mut shutdown) = watch::channel(false);
+            let service = hyper::service::service_fn(move |request: Request<ClientBody>| {
+                let answer = answer.clone();
+                async move {
+                    let (parts, body) = request.into_parts();
+                    let body = body.collect().await.map(|b| b.to_bytes());
+                    Ok::<_, Infallible>(answer(parts, body.unwrap_or_default()))
+                }
+            });
+            serve(stream, b"", limits, service, &mut shutdown).await;
+        });
+        (client, server)
+    }
+
+    /// Echoes the method, path and body, chunked.
+    fn echo(parts: http::request::Parts, body: Bytes) -> Response<Frames> {
+        let text = format!(
+            "{} {} {}",
+            parts.method,
+            parts.uri,
+            String::from_utf8_lossy(&body)
+        );
+        Response::new(Frames(VecDeque::from([Ok(Frame::data(Bytes::from(text)))])))
+    }
+
+    /// Reads until `pattern` has been seen `times` times, or the connection closes.
+    async fn read_until(client: &mut TcpStream, pattern: &str, times: usize) -> String {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while String::from_utf8_lossy(&got).matches(pattern).count() < times {
+            let n = tokio::time::timeout(DEADLINE, client.read(&mut buf))
+                .await
+                .expect("an answer in time")
+                .unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+        String::from_utf8_lossy(&got).into_owned()
+    }
+
+    async fn read_to_close(client: &mut TcpStream) -> String {
+        read_until(client, "\u{0}never", 1).await
+    }
+
+    #[tokio::test]
+    async fn pipelined_requests_are_answered_in_order() {
+        let (mut client, _server) = connect(limits(), echo).await;
+        client
+            .write_all(b"GET /a HTTP/1.1\r\nhost: x\r\n\r\nPOST /b HTTP/1.1\r\nhost: x\r\ncontent-length: 3\r\n\r\nxyzGET /c HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let got = read_until(&mut client, "0\r\n\r\n", 3).await;
+        let a = got.find("GET /a ").unwrap();
+        let b = got.find("POST /b xyz").unwrap();
+        let c = got.find("GET /c ").unwrap();
+        assert!(a < b && b < c, "{got}");
+        assert_eq!(got.matches("HTTP/1.1 200 OK\r\n").count(), 3, "{got}");
+        assert!(got.contains("transfer-encoding: chunked\r\n"), "{got}");
+        assert!(got.contains("\r\ndate: "), "{got}");
+    }
+
+    /// A body that did not come with its head is read from the socket as the service reads
+    /// it, and what follows it is the next request.
+    #[tokio::test]
+    async fn a_body_after_its_head_is_read_and_what_follows_is_the_next_request() {
+        let (mut client, _server) = connect(limits(), echo).await;
+        client
+            .write_all(b"POST /one HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\n01234")
+            .await
+            .unwrap();
+        tokio::task::yield_now().await;
+        client
+            .write_all(b"56789GET /two HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let got = read_until(&mut client, "0\r\n\r\n", 2).await;
+        assert!(got.contains("POST /one 0123456789"), "{got}");
+        assert!(got.contains("GET /two "), "{got}");
+        // Chunked, with trailers, in pieces; then one more request on the same connection.
+        client
+            .write_all(b"POST /three HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n")
+            .await
+            .unwrap();
+        tokio::task::yield_now().await;
+        client
+            .write_all(b"2;ext\r\nde\r\n0\r\nx-t: 1\r\n\r\nGET /four HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let got = read_until(&mut client, "0\r\n\r\n", 2).await;
+        assert!(got.contains("POST /three abcde"), "{got}");
+        assert!(got.contains("GET /four "), "{got}");
+    }
+
+    #[tokio::test]
+    async fn expect_100_continue_is_answered_before_the_body_is_read() {
+        let (mut client, _server) = connect(limits(), echo).await;
+        client
+            .write_all(
+                b"POST /e HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\ncontent-length: 2\r\n\r\n",
+            )
+            .await
+            .unwrap();
+        let interim = read_until(&mut client, "\r\n\r\n", 1).await;
+        assert_eq!(interim, "HTTP/1.1 100 Continue\r\n\r\n");
+        client.write_all(b"ok").await.unwrap();
+        let got = read_until(&mut client, "0\r\n\r\n", 1).await;
+        assert!(got.contains("POST /e ok"), "{got}");
+    }
+
+    /// HTTP/1.0 has no chunked framing: a body of unknown length ends with the connection.
+    #[tokio::test]
+    async fn http_1_0_gets_its_version_and_a_close_delimited_body() {
+        let (mut client, _server) = connect(limits(), echo).await;
+        client
+            .write_all(b"GET /old HTTP/1.0\r\n\r\n")
+            .await
+            .unwrap();
+        let got = read_to_close(&mut client).await;
+        assert!(got.starts_with("HTTP/1.0 200 OK\r\n"), "{got}");
+        assert!(!got.contains("transfer-encoding"), "{got}");
+        assert!(got.contains("connection: close\r\n"), "{got}");
+        assert!(got.ends_with("\r\n\r\nGET /old "), "{got}");
+    }
+
+    #[tokio::test]
+    async fn bad_and_oversized_heads_are_refused_and_closed() {
+        let (mut client, _server) = connect(limits(), echo).await;
+        client
+            .write_all(b"GET / HTTP/1.1\r\nbad header\r\n\r\n")
+            .await
+            .unwrap();
+        let got = read_to_close(&mut client).await;
+        assert!(got.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{got}");
+        assert!(got.contains("connection: close\r\n"), "{got}");
+
+        let (mut client, _server) = connect(limits(), echo).await;
+        let long = format!("GET / HTTP/1.1\r\nx: {}\r\n\r\n", "a".repeat(9 << 10));
+        let _ = client.write_all(long.as_bytes()).await;
+        let got = read_to_close(&mut client).await;
+        assert!(got.starts_with("HTTP/1.1 431 "), "{got}");
+
+        let (mut client, _server) = connect(limits(), echo).await;
+        client
+            .write_all(
+                b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n",
+            )
+            .await
+            .unwrap();
+        assert!(read_to_close(&mut client)
+            .await
+            .starts_with("HTTP/1.1 400 "));
+    }
+
+    /// A body that breaks ends the client's response without its last chunk, and the
+    /// connection closes: the client can tell it was cut short.
+    #[tokio::test]
+    async fn a_broken_body_cuts_the_response_short() {
+        let (mut client, _server) = connect(limits(), |_, _| {
+            Response::new(Frames(VecDeque::from([
+                Ok(Frame::data(Bytes::from_static(b"part"))),
+                Err(io::Error::other("upstream broke")),
+            ])))
+        })
+        .await;
+        client
+            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let got = read_to_close(&mut client).await;
+        assert!(got.ends_with("\r\n4\r\npart\r\n"), "{got}");
+    }
+
+    #[tokio::test]
+    async fn trailers_go_to_clients_that_asked_for_them() {
+        let with_trailers = |_, _| {
+            let mut trailers = HeaderMap::new();
+            trailers.insert("x-sum", HeaderValue::from_static("7"));
+            Response::new(Frames(VecDeque::from([
+                Ok(Frame::data(Bytes::from_static(b"ab"))),
+                Ok(Frame::trailers(trailers)),
+            ])))
+        };
+        let (mut client, _server) = connect(limits(), with_trailers).await;
+        client
+            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\nte: trailers\r\n\r\nGET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let got = read_until(&mut client, "\r\n0\r\n", 2).await;
+        let got = read_until_more(&mut client, got).await;
+        assert!(
+            got.contains("2\r\nab\r\n0\r\nx-sum: 7\r\n\r\nHTTP/1.1"),
+            "{got}"
+        );
+        assert!(got.ends_with("2\r\nab\r\n0\r\n\r\n"), "{got}");
+    }
+
+    /// Reads what else arrives within a moment of `got` (the end of a last answer).
+    async fn read_until_more(client: &mut TcpStream, mut got: String) -> String {
+        while !got.ends_with("\r\n\r\n") {
+            let mut buf = [0u8; 1024];
+            let n = tokio::time::timeout(DEADLINE, client.read(&mut buf))
+                .await
+                .expect("the rest in time")
+                .unwrap();
+            if n == 0 {
+                break;
+            }
+            got.push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+        got
+    }
+
+    /// A client that closes while its request waits for an answer cancels it.
+    #[tokio::test]
+    async fn a_client_gone_while_waiting_cancels_the_request() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (stream, _) = listener.accept().await.unwrap();
+        let dropped = Arc::new(AtomicBool::new(false));
+        struct SetOnDrop(Arc<AtomicBool>);
+        impl Drop for SetOnDrop {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+        let flag = dropped.clone();
+        let service = hyper::service::service_fn(move |_: Request<ClientBody>| {
+            let guard = SetOnDrop(flag.clone());
+            async move {
+                std::future::pending::<()>().await;
+                drop(guard);
+                Ok::<_, Infallible>(Response::new(Frames(VecDeque::new())))
+            }
+        });
+        let server = tokio::spawn(async move {
+            let (_keep, mut shutdown) = watch::channel(false);
+            serve(stream, b"", limits(), service, &mut shutdown).await;
+        });
+        client
+            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        drop(client);
+        tokio::time::timeout(DEADLINE, server)
+            .await
+            .expect("the connection ends")
+            .unwrap();
+        assert!(dropped.load(Ordering::SeqCst));
+    }
+
+    /// A keep-alive connection with no request closes after `client_idle`.
+    #[tokio::test]
+    async fn an_idle_keep_alive_connection_is_closed() {
+        let mut short = limits();
+        // The head timeout is far past the deadline: only the idle timeout can close it.
+        short.request_head = Duration::from_secs(60);
+        short.client_idle = Duration::from_millis(200);
+        let (mut client, server) = connect(short, echo).await;
+        client
+            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let got = read_to_close(&mut client).await;
+        assert!(got.starts_with("HTTP/1.1 200 OK\r\n"), "{got}");
+        assert!(got.ends_with("0\r\n\r\n"), "{got}");
+        tokio::time::timeout(DEADLINE, server)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+
+    /// While it waits for a request, a connection holds no read buffer; a whole body that came
+    /// with its head is handed over without one either.
+    #[tokio::test]
+    async fn a_waiting_connection_holds_no_buffer() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut peer = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (stream, _) = listener.accept().await.unwrap();
+        let mut client = Client {
+            stream: Arc::new(stream),
+            read: BytesMut::new(),
+            reading: true,
+            eof: false,
+            handback: None,
+            max_head: 8 << 10,
+        };
+        peer.write_all(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\nhi")
+            .await
+            .unwrap();
+        let (_keep, mut shutdown) = watch::channel(false);
+        let head = client
+            .read_head(&limits(), &mut shutdown, &mut false)
+            .await
+            .unwrap()
+            .unwrap();
+        let request = client.request(head);
+        assert_eq!(client.read.capacity(), 0);
+        let body = request.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], b"hi");
+    }
+
+    #[test]
+    fn chunk_sizes_are_hex() {
+        for (n, hex) in [(1, "1"), (15, "F"), (16, "10"), (4096, "1000"), (0, "0")] {
+            let Piece::Line(line, start, end) = Piece::chunk_line(n) else {
+                unreachable!()
+            };
+            assert_eq!(
+                &line[start as usize..end as usize],
+                format!("{hex}\r\n").as_bytes()
+            );
+        }
+    }
+}
