@@ -333,12 +333,13 @@ pub struct Timeouts {
     /// After SIGTERM, how long in-flight streams may go on before the process exits anyway.
     #[serde(deserialize_with = "duration")]
     pub drain: Duration,
-    /// For a client to send a complete request head, counted from when its connection is ready
-    /// for one: a connection that sends nothing, a partial head, an incomplete HTTP/2 preface,
-    /// and an HTTP/1.1 keep-alive connection idle this long are closed.
+    /// For a client's first bytes, and for each request head to be complete from its first
+    /// byte: a connection that sends nothing, a partial head and an incomplete HTTP/2 preface
+    /// are closed.
     #[serde(deserialize_with = "duration")]
     pub request_head: Duration,
-    /// An HTTP/2 connection with no request in progress this long is closed (GOAWAY).
+    /// An HTTP/1.1 keep-alive connection waiting this long for its next request is closed; an
+    /// HTTP/2 connection with no request in progress this long is closed (GOAWAY).
     #[serde(deserialize_with = "duration")]
     pub client_idle: Duration,
     /// While the client uploads its request body, the longest pause between two of its pieces;

@@ -4,9 +4,10 @@
 //! Every connection is bounded in time and memory, whatever the client does:
 //! - the first bytes must come within `timeouts.request_head` (they decide between HTTP/1.1 and
 //!   the HTTP/2 preface, so a client that sends nothing or a partial preface is closed);
-//! - HTTP/1.1: a request head must be complete within `timeouts.request_head` of the connection
-//!   being ready for one (hyper's header timer, which also closes idle keep-alive connections),
-//!   and may be at most `limits.max_request_head_bytes` (hyper's read and write buffer);
+//! - HTTP/1.1 (the proxy's own server, [`h1`]): a request head must be complete within
+//!   `timeouts.request_head` of its first byte and may be at most
+//!   `limits.max_request_head_bytes`; a keep-alive connection waiting longer than
+//!   `timeouts.client_idle` for its next request is closed;
 //! - HTTP/2: at most `limits.max_concurrent_streams` streams, a send buffer of
 //!   [`H2_SEND_BUFFER`] per stream, bounded flow-control windows, and a GOAWAY when the
 //!   connection has had no request in progress for `timeouts.client_idle`, or when its client
@@ -174,7 +175,7 @@ impl<B: Body<Data = Bytes>> Body for Tracked<B> {
         match &polled {
             None | Some(Err(_)) => this.guard.completed = true,
             Some(Ok(frame)) if frame.is_trailers() => this.guard.completed = true,
-            // hyper polls no more once the body says it has ended: its last frame completes it.
+            // The servers poll no more once the body says it has ended: its last frame completes it.
             Some(Ok(_)) if inner.is_end_stream() => this.guard.completed = true,
             Some(Ok(_)) => {}
         }
@@ -256,9 +257,9 @@ impl AsyncRead for Prefixed {
             buf.put_slice(&this.prefix[this.start..this.start + n]);
             this.start += n;
             // The rest of what the client sent comes in the same read. Handed over alone, the
-            // prefix left hyper's 8 KiB read buffer 24 bytes short for its next read, and hyper
-            // doubled it: 8 KiB more held by every keep-alive connection for its life. A socket
-            // error here shows again on the next read.
+            // prefix left the reader's buffer 24 bytes short for its next read, and the reader
+            // doubled it (hyper's HTTP/1.1 connection did: 8 KiB more for the connection's life).
+            // A socket error here shows again on the next read.
             if this.start == this.end && buf.remaining() > 0 {
                 let _ = Pin::new(&mut this.stream).poll_read(cx, buf);
             }
@@ -357,6 +358,11 @@ pub(crate) async fn serve<S, B, F>(
     };
     match protocol {
         Protocol::Http1 => {
+            let limits = h1::Limits {
+                request_head: limits.request_head,
+                client_idle: limits.client_idle,
+                max_head_bytes: limits.max_head_bytes,
+            };
             h1::serve(stream, &prefix[..end], limits, service, &mut shutdown).await;
         }
         Protocol::Http2 => {

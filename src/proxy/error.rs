@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http::{header, Response, StatusCode};
 use http_body_util::Full;
 
-use super::request_body::ClientFault;
+use super::client_body::ClientFault;
 use crate::policy::outcome::End;
 
 /// Why a request could not be forwarded: the upstream's fault, or the client's.

@@ -30,29 +30,26 @@ use std::future::{poll_fn, Future};
 use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
 use std::pin::pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Uri, Version};
-use http_body::{Body, Frame, SizeHint};
+use http_body::Body;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::client_body::{ClientBody, ClientBodyError};
-use super::codec::{Decoder, Malformed};
-use super::connection::Limits;
+use super::client_body::{ClientBody, Handback, Streamed};
+use super::codec::Decoder;
 
 /// Request header fields at most (hyper's default too); more is a 431.
 pub(crate) const MAX_HEADERS: usize = 100;
 /// The read buffer's first size for a head: most requests' heads (and often their bodies) fit.
 /// It doubles while a head does not fit, up to `limits.max_request_head_bytes`.
 const READ_FIRST: usize = 1 << 10;
-/// The most read at once of a request body that did not come with its head.
-const BODY_READ: usize = 16 << 10;
 /// Response bytes queued ahead of the socket before no more frames are taken from the body: a
 /// client that does not read holds back the upstream, not the proxy's memory.
 const GATHER_BYTES: usize = 16 << 10;
@@ -60,6 +57,16 @@ const GATHER_BYTES: usize = 16 << 10;
 const MAX_SLICES: usize = 64;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What bounds an HTTP/1.1 connection (from the listener's limits).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    /// For a request head, from its first byte.
+    pub(crate) request_head: Duration,
+    /// For a keep-alive connection waiting for its next request.
+    pub(crate) client_idle: Duration,
+    pub(crate) max_head_bytes: usize,
+}
 
 /// Serves HTTP/1.1 on `stream` (whose first bytes, already read, are `prefix`) until the client
 /// closes, an idle or head timeout, an error, or `shutdown` (the request in progress finishes
@@ -267,18 +274,15 @@ impl Client {
             None => {
                 // Owed only while the client waits for it: nothing of the body sent yet.
                 let expect_continue = expect_continue && self.read.is_empty();
-                let handback = Arc::new(Handback::default());
-                self.handback = Some(handback.clone());
+                let (body, handback) = Streamed::new(
+                    self.stream.clone(),
+                    std::mem::take(&mut self.read),
+                    body,
+                    expect_continue,
+                );
+                self.handback = Some(handback);
                 self.reading = false;
-                ClientBody::streamed(Streamed {
-                    stream: self.stream.clone(),
-                    buf: std::mem::take(&mut self.read),
-                    decoder: body,
-                    handback,
-                    expect_continue: expect_continue.then_some(CONTINUE),
-                    handed: false,
-                    failed: false,
-                })
+                ClientBody::streamed(body)
             }
         };
         request.map(|()| body)
@@ -289,12 +293,7 @@ impl Client {
         let Some(handback) = &self.handback else {
             return;
         };
-        let rest = handback
-            .rest
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        if let Some(rest) = rest {
+        if let Some(rest) = handback.take() {
             self.read = rest;
             self.reading = true;
             self.handback = None;
@@ -490,8 +489,6 @@ enum Out {
     /// Until the connection closes (HTTP/1.0 without a known length).
     Close,
 }
-
-const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 
 /// The response head, with the fields the framing and the connection need.
 fn encode_head(
@@ -697,111 +694,6 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, Refusal> {
     }))
 }
 
-/// Where a request body read from the socket leaves what it read past its end, once it has
-/// ended: the connection takes it back for the next request.
-#[derive(Default)]
-struct Handback {
-    rest: Mutex<Option<BytesMut>>,
-}
-
-/// A request body that did not all come with its head, read from the client's socket as it is
-/// polled (so at the pace the upstream takes it).
-pub(crate) struct Streamed {
-    stream: Arc<TcpStream>,
-    buf: BytesMut,
-    decoder: Decoder,
-    handback: Arc<Handback>,
-    /// What is left to write of a `100 Continue`, owed before the first read.
-    expect_continue: Option<&'static [u8]>,
-    handed: bool,
-    failed: bool,
-}
-
-impl Streamed {
-    fn hand_back(&mut self) {
-        if std::mem::replace(&mut self.handed, true) {
-            return;
-        }
-        let rest = std::mem::take(&mut self.buf);
-        *self.handback.rest.lock().unwrap_or_else(|p| p.into_inner()) = Some(rest);
-    }
-
-    fn fail(
-        &mut self,
-        error: ClientBodyError,
-    ) -> Poll<Option<Result<Frame<Bytes>, ClientBodyError>>> {
-        self.failed = true;
-        Poll::Ready(Some(Err(error)))
-    }
-}
-
-impl Body for Streamed {
-    type Data = Bytes;
-    type Error = ClientBodyError;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, ClientBodyError>>> {
-        let this = &mut *self;
-        loop {
-            if this.failed {
-                return Poll::Ready(None);
-            }
-            match this.decoder.next(&mut this.buf) {
-                Ok(Some(frame)) => {
-                    if this.decoder.is_done() {
-                        this.hand_back();
-                    }
-                    return Poll::Ready(Some(Ok(frame)));
-                }
-                Ok(None) if this.decoder.is_done() => {
-                    this.hand_back();
-                    return Poll::Ready(None);
-                }
-                Ok(None) => {}
-                Err(Malformed(what)) => return this.fail(ClientBodyError::Malformed(what)),
-            }
-            if let Some(owed) = this.expect_continue {
-                if let Err(e) = ready!(this.stream.poll_write_ready(cx)) {
-                    return this.fail(ClientBodyError::Gone(Some(e)));
-                }
-                match this.stream.try_write(owed) {
-                    Ok(n) => this.expect_continue = (n < owed.len()).then(|| &owed[n..]),
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    Err(e) => return this.fail(ClientBodyError::Gone(Some(e))),
-                }
-                continue;
-            }
-            if let Err(e) = ready!(this.stream.poll_read_ready(cx)) {
-                return this.fail(ClientBodyError::Gone(Some(e)));
-            }
-            // Never past a Content-Length body's end: what follows is the next request's.
-            let want = this
-                .decoder
-                .left()
-                .map_or(BODY_READ, |left| left.min(BODY_READ as u64) as usize);
-            if this.buf.capacity() - this.buf.len() < want {
-                this.buf.reserve(want);
-            }
-            match this.stream.try_read_buf(&mut (&mut this.buf).limit(want)) {
-                Ok(0) => return this.fail(ClientBodyError::Gone(None)),
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => return this.fail(ClientBodyError::Gone(Some(e))),
-            }
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.failed || self.decoder.is_done()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.decoder.size_hint()
-    }
-}
-
 /// One buffer of the response on its way out.
 enum Piece {
     Bytes(Bytes),
@@ -950,6 +842,7 @@ mod tests {
     use std::pin::Pin;
     use std::sync::atomic::{AtomicBool, Ordering};
 
+    use http_body::Frame;
     use http_body_util::BodyExt;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
@@ -978,7 +871,6 @@ mod tests {
             request_head: Duration::from_secs(5),
             client_idle: Duration::from_secs(5),
             max_head_bytes: 8 << 10,
-            max_streams: 1,
         }
     }
 

@@ -25,7 +25,7 @@ use pin_project_lite::pin_project;
 use tokio::sync::Notify;
 use tokio::time::{Instant, Sleep};
 
-use super::client_body::{ClientBody, ClientBodyError};
+use super::client_body::{ClientBody, ClientBodyError, ClientFault};
 use crate::measure::ModelSlot;
 use crate::parse::{ModelScanner, Scan};
 
@@ -39,17 +39,6 @@ pub(crate) const RETAINED_TOTAL: usize = 64 << 20;
 
 /// The body the proxy sends upstream: the client's, or a kept copy sent again.
 pub(crate) type UpstreamBody = http_body_util::Either<RequestBody, ReplayBody>;
-
-/// How a client failed its own request body.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ClientFault {
-    /// The body was not valid HTTP (a bad chunk size, a length that lies).
-    Malformed,
-    /// The client went away before its body was complete.
-    Gone,
-    /// The client paused longer than `timeouts.request_body`.
-    Stalled,
-}
 
 /// What the proxy knows of a request's upload while it is sent.
 #[derive(Default)]
