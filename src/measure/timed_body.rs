@@ -101,7 +101,12 @@ impl<B: Body<Data = Bytes>> Body for TimedBody<B> {
                     return Poll::Pending;
                 };
                 // One timer per body, reset only when it fires before the idle time has passed
-                // since the last frame: frames themselves never touch it.
+                // since the last frame: frames themselves never touch it. A timer that has been
+                // polled keeps this task's waker until it fires, so until then it is not polled
+                // again (each poll re-registers the waker: a cost on every frame's wake-up).
+                if this.timer.as_ref().is_some_and(|t| !t.is_elapsed()) {
+                    return Poll::Pending;
+                }
                 loop {
                     let deadline = *this.last + idle;
                     let timer = this
