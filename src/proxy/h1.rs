@@ -156,6 +156,8 @@ struct Head {
 enum Refusal {
     BadRequest,
     TooLarge,
+    /// A transfer coding other than `chunked`.
+    NotImplemented,
 }
 
 /// The client's connection: the socket (shared with a request body that reads it) and what was
@@ -462,6 +464,7 @@ impl Client {
         let status = match refusal {
             Refusal::BadRequest => StatusCode::BAD_REQUEST,
             Refusal::TooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            Refusal::NotImplemented => StatusCode::NOT_IMPLEMENTED,
         };
         let mut writer = Writer::default();
         writer.push(Piece::Bytes(encode_head(
@@ -631,24 +634,29 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, Refusal> {
     } else {
         !connection_says("close")
     };
-    let chunked = match headers
-        .get_all(header::TRANSFER_ENCODING)
-        .iter()
-        .next_back()
-    {
-        None => false,
-        Some(last) => {
-            let last = last.to_str().map_err(|_| Refusal::BadRequest)?;
-            let coding = last.rsplit(',').next().unwrap_or("").trim();
-            if !coding.eq_ignore_ascii_case("chunked") || version == Version::HTTP_10 {
-                return Err(Refusal::BadRequest);
-            }
-            true
+    let chunked = if headers.contains_key(header::TRANSFER_ENCODING) {
+        if version == Version::HTTP_10 {
+            return Err(Refusal::BadRequest);
         }
+        // Only `chunked`, once: a body in another coding would reach the upstream without it
+        // (the field is hop-by-hop), so such a request is not served (RFC 9112 §6.1: 501).
+        let mut codings = headers
+            .get_all(header::TRANSFER_ENCODING)
+            .iter()
+            .flat_map(|v| v.to_str().unwrap_or("?").split(','))
+            .map(str::trim)
+            .filter(|c| !c.is_empty());
+        match (codings.next(), codings.next()) {
+            (Some(c), None) if c.eq_ignore_ascii_case("chunked") => true,
+            _ => return Err(Refusal::NotImplemented),
+        }
+    } else {
+        false
     };
     let body = if chunked {
-        if headers.contains_key(header::CONTENT_LENGTH) {
-            // Both: the chunked framing wins (RFC 9112 §6.3), and the connection ends after.
+        if headers.remove(header::CONTENT_LENGTH).is_some() {
+            // Both: the chunked framing wins and the length goes, so the upstream cannot read
+            // the body by it; the connection ends after the response (RFC 9112 §6.3).
             keep_alive = false;
         }
         Decoder::chunked()
@@ -1040,6 +1048,35 @@ mod tests {
         assert!(read_to_close(&mut client)
             .await
             .starts_with("HTTP/1.1 400 "));
+    }
+
+    /// With both framings the chunked one is read and the length removed (the upstream must
+    /// not frame the body by it); another transfer coding is not served.
+    #[tokio::test]
+    async fn chunked_wins_over_a_length_and_other_codings_are_refused() {
+        let (mut client, _server) = connect(limits(), |parts, body| {
+            let length = parts.headers.get(header::CONTENT_LENGTH).is_some();
+            let text = format!("{} cl={length}", String::from_utf8_lossy(&body));
+            echo(parts, Bytes::from(text))
+        })
+        .await;
+        client
+            .write_all(b"POST /x HTTP/1.1\r\nhost: x\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+            .await
+            .unwrap();
+        let got = read_to_close(&mut client).await;
+        assert!(got.contains("POST /x hello cl=false"), "{got}");
+        assert!(got.contains("connection: close\r\n"), "{got}");
+
+        let (mut client, _server) = connect(limits(), echo).await;
+        client
+            .write_all(
+                b"POST /x HTTP/1.1\r\nhost: x\r\ntransfer-encoding: gzip, chunked\r\n\r\n0\r\n\r\n",
+            )
+            .await
+            .unwrap();
+        let got = read_to_close(&mut client).await;
+        assert!(got.starts_with("HTTP/1.1 501 "), "{got}");
     }
 
     /// A body that breaks ends the client's response without its last chunk, and the
