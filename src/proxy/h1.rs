@@ -338,17 +338,20 @@ impl Client {
     {
         let (parts, body) = response.into_parts();
         let status = parts.status;
-        let bodiless = exchange.head_method
-            || status.is_informational()
-            || status == StatusCode::NO_CONTENT
-            || status == StatusCode::NOT_MODIFIED;
         let declared = parts
             .headers
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse::<u64>().ok());
-        let framing = if bodiless {
+        let no_content = status.is_informational()
+            || status == StatusCode::NO_CONTENT
+            || status == StatusCode::NOT_MODIFIED;
+        // A HEAD response says the length a GET would have, when it is known.
+        let known = declared.or(body.size_hint().exact());
+        let framing = if no_content || (exchange.head_method && known.is_none()) {
             Out::None
+        } else if exchange.head_method && declared.is_none() {
+            Out::Exact(known.unwrap_or(0))
         } else if let Some(n) = declared {
             Out::Length(n)
         } else if let Some(n) = body.size_hint().exact() {
@@ -369,7 +372,7 @@ impl Client {
             keep,
             exchange.keep_alive,
         )));
-        if bodiless {
+        if exchange.head_method || no_content {
             drop(body);
             return self.flush(&mut writer).await && keep;
         }
@@ -1019,6 +1022,34 @@ mod tests {
         assert!(!got.contains("transfer-encoding"), "{got}");
         assert!(got.contains("connection: close\r\n"), "{got}");
         assert!(got.ends_with("\r\n\r\nGET /old "), "{got}");
+    }
+
+    /// A HEAD response has the length a GET would have, and no body.
+    #[tokio::test]
+    async fn a_head_response_has_a_length_and_no_body() {
+        let (mut client, _server) = connect(limits(), |_, _| {
+            Response::new(Frames(VecDeque::from([Ok(Frame::data(
+                Bytes::from_static(b"12345"),
+            ))])))
+            .map(|b| b)
+        })
+        .await;
+        client
+            .write_all(b"HEAD / HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\nGET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let got = read_until(&mut client, "0\r\n\r\n", 1).await;
+        let second = got[1..]
+            .find("HTTP/1.1 200")
+            .map(|i| i + 1)
+            .expect("two answers");
+        let (head, get) = got.split_at(second);
+        assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{got}");
+        assert!(
+            head.ends_with("\r\n\r\n") && !head.contains("12345"),
+            "{got}"
+        );
+        assert!(get.ends_with("5\r\n12345\r\n0\r\n\r\n"), "{got}");
     }
 
     #[tokio::test]
