@@ -352,10 +352,6 @@ pub(crate) async fn serve<S, B, F>(
         return;
     };
     let conn = ConnState::new();
-    let service = Counted {
-        inner: make(conn.clone()),
-        conn: conn.clone(),
-    };
     match protocol {
         Protocol::Http1 => {
             let limits = h1::Limits {
@@ -363,9 +359,15 @@ pub(crate) async fn serve<S, B, F>(
                 client_idle: limits.client_idle,
                 max_head_bytes: limits.max_head_bytes,
             };
-            h1::serve(stream, &prefix[..end], limits, service, &mut shutdown).await;
+            // One request at a time, and no cancellation to count (that is HTTP/2's rapid
+            // reset): the service as it is, without the per-request count and body wrapper.
+            h1::serve(stream, &prefix[..end], limits, make(conn), &mut shutdown).await;
         }
         Protocol::Http2 => {
+            let service = Counted {
+                inner: make(conn.clone()),
+                conn: conn.clone(),
+            };
             let io = TokioIo::new(Prefixed {
                 prefix,
                 start: 0,
