@@ -103,13 +103,39 @@ pub(crate) async fn serve<S, B>(
         };
         let exchange = head.exchange;
         let request = client.request(head);
-        let mut call = pin!(service.call(request));
+        // On the heap, for this request only: the response body and its recorder are the bulk
+        // of a connection's state, and a task is as large as its largest state for its whole
+        // life (an idle keep-alive connection held 8 KiB for a response it was not sending).
+        let call = service.call(request);
+        let keep = Box::pin(client.serve_one(call, exchange, shutdown)).await;
+        closing |= *shutdown.borrow();
+        if !keep || (closing && client.read.is_empty()) {
+            return;
+        }
+    }
+}
+
+impl Client {
+    /// One request's answer awaited and written; whether the connection may serve another.
+    async fn serve_one<F, E, B>(
+        &mut self,
+        call: F,
+        exchange: Exchange,
+        shutdown: &watch::Receiver<bool>,
+    ) -> bool
+    where
+        F: Future<Output = Result<Response<B>, E>>,
+        E: Into<BoxError>,
+        B: Body<Data = Bytes>,
+        B::Error: Into<BoxError>,
+    {
+        let mut call = pin!(call);
         // Until the response head: the client closing its side cancels the request.
         let answered = poll_fn(|cx| {
             if let Poll::Ready(answer) = call.as_mut().poll(cx) {
                 return Poll::Ready(Some(answer.map_err(Into::<BoxError>::into)));
             }
-            match client.poll_watch(cx) {
+            match self.poll_watch(cx) {
                 Poll::Ready(()) => Poll::Ready(None),
                 Poll::Pending => Poll::Pending,
             }
@@ -119,18 +145,12 @@ pub(crate) async fn serve<S, B>(
             Some(Ok(response)) => response,
             Some(Err(e)) => {
                 tracing::debug!(error = %e, "the service failed a request; closing the connection");
-                return;
+                return false;
             }
-            None => return,
+            None => return false,
         };
-        closing |= *shutdown.borrow();
-        if !client.respond(response, &exchange, closing).await {
-            return;
-        }
-        closing |= *shutdown.borrow();
-        if closing && client.read.is_empty() {
-            return;
-        }
+        let closing = *shutdown.borrow();
+        self.respond(response, &exchange, closing).await
     }
 }
 
