@@ -392,6 +392,8 @@ impl Client {
             keep,
             exchange.keep_alive,
         )));
+        // The header map is not needed past its bytes: not held for the stream's life.
+        drop(parts);
         if exchange.head_method || no_content {
             drop(body);
             return self.flush(&mut writer).await && keep;

@@ -1,8 +1,10 @@
 //! Floor 6, `proxy`: the HTTP around the measurement. The [`server`] binds the listeners and
-//! drains them; the [`listener`] accepts connections and says whether the proxy is ready; the
-//! [`service`] takes one request through: a [`Recorder`](crate::measure::Recorder) started,
+//! drains them; the [`listener`] accepts connections and says whether the proxy is ready; a
+//! [`connection`] speaks HTTP/1.1 with the proxy's own server ([`h1`]; what a client sends is a
+//! [`client_body`], framed by [`codec`]) or HTTP/2 with hyper's; the [`service`] takes one
+//! request through: a [`Recorder`](crate::measure::Recorder) started,
 //! the [`request_body`] read in passing for `model`, the request sent by [`forward`], the
-//! response handed back timed; each [`shard`] is a thread that serves the clients it accepted.
+//! response handed back timed (the [`upstream`] client is the proxy's own); each [`shard`] is a thread that serves the clients it accepted.
 //! [`admin`] serves what was published; [`generation`] is the configuration in force and its
 //! reload; [`error`] is the one place errors become HTTP.
 
