@@ -107,7 +107,15 @@ pub(crate) async fn serve<S, B>(
         // of a connection's state, and a task is as large as its largest state for its whole
         // life (an idle keep-alive connection held 8 KiB for a response it was not sending).
         let call = service.call(request);
-        let keep = Box::pin(client.serve_one(call, exchange, shutdown)).await;
+        let keep = match Box::pin(client.answer(call, &exchange, shutdown)).await {
+            Answer::Close => false,
+            Answer::Sent { keep } => keep,
+            // The body on the heap, once: the task holds a pointer to it, and nothing of a
+            // response while it waits for the next request.
+            Answer::Stream { head, mut body } => {
+                client.stream(body.as_mut(), head, &exchange).await
+            }
+        };
         closing |= *shutdown.borrow();
         if !keep || (closing && client.read.is_empty()) {
             return;
@@ -116,18 +124,18 @@ pub(crate) async fn serve<S, B>(
 }
 
 impl Client {
-    /// One request's answer awaited and written; whether the connection may serve another.
-    async fn serve_one<F, E, B>(
+    /// Waits for the service's answer to one request and writes its head; a body to stream is
+    /// handed back, boxed.
+    async fn answer<F, E, B>(
         &mut self,
         call: F,
-        exchange: Exchange,
+        exchange: &Exchange,
         shutdown: &watch::Receiver<bool>,
-    ) -> bool
+    ) -> Answer<B>
     where
         F: Future<Output = Result<Response<B>, E>>,
         E: Into<BoxError>,
         B: Body<Data = Bytes>,
-        B::Error: Into<BoxError>,
     {
         let mut call = pin!(call);
         // Until the response head: the client closing its side cancels the request.
@@ -145,13 +153,46 @@ impl Client {
             Some(Ok(response)) => response,
             Some(Err(e)) => {
                 tracing::debug!(error = %e, "the service failed a request; closing the connection");
-                return false;
+                return Answer::Close;
             }
-            None => return false,
+            None => return Answer::Close,
         };
         let closing = *shutdown.borrow();
-        self.respond(response, &exchange, closing).await
+        let (parts, body) = response.into_parts();
+        let head = self.head(&parts, &body, exchange, closing);
+        drop(parts);
+        if head.bodiless {
+            drop(body);
+            let mut writer = head.writer;
+            let keep = self.flush(&mut writer).await && head.keep;
+            return Answer::Sent { keep };
+        }
+        Answer::Stream {
+            head,
+            body: Box::pin(body),
+        }
     }
+}
+
+/// How a request was answered.
+enum Answer<B> {
+    /// Not: the client went away, or the service failed.
+    Close,
+    /// A response without a body was written.
+    Sent { keep: bool },
+    /// A head to write and a body to stream.
+    Stream {
+        head: ReadyHead,
+        body: std::pin::Pin<Box<B>>,
+    },
+}
+
+/// A response head ready to go, and how its body is framed.
+struct ReadyHead {
+    writer: Writer,
+    framing: Out,
+    keep: bool,
+    bodiless: bool,
 }
 
 /// What the response depends on in the request.
@@ -345,18 +386,15 @@ impl Client {
         }
     }
 
-    /// Writes the response; whether the connection may serve another request.
-    async fn respond<B>(
+    /// The response head and its framing: its `Content-Length`, an exact size, chunked, or
+    /// the close; none for HEAD, 1xx, 204 and 304.
+    fn head<B: Body>(
         &mut self,
-        response: Response<B>,
+        parts: &http::response::Parts,
+        body: &B,
         exchange: &Exchange,
         closing: bool,
-    ) -> bool
-    where
-        B: Body<Data = Bytes>,
-        B::Error: Into<BoxError>,
-    {
-        let (parts, body) = response.into_parts();
+    ) -> ReadyHead {
         let status = parts.status;
         let declared = parts
             .headers
@@ -382,7 +420,7 @@ impl Client {
             Out::Close
         };
         self.reclaim();
-        let mut keep = exchange.keep_alive && !closing && framing != Out::Close && self.reading;
+        let keep = exchange.keep_alive && !closing && framing != Out::Close && self.reading;
         let mut writer = Writer::default();
         writer.push(Piece::Bytes(encode_head(
             exchange.version,
@@ -392,13 +430,31 @@ impl Client {
             keep,
             exchange.keep_alive,
         )));
-        // The header map is not needed past its bytes: not held for the stream's life.
-        drop(parts);
-        if exchange.head_method || no_content {
-            drop(body);
-            return self.flush(&mut writer).await && keep;
+        ReadyHead {
+            writer,
+            framing,
+            keep,
+            bodiless: exchange.head_method || no_content,
         }
-        let mut body = pin!(body);
+    }
+
+    /// Writes the head and streams the body; whether the connection may serve another request.
+    async fn stream<B>(
+        &mut self,
+        mut body: std::pin::Pin<&mut B>,
+        head: ReadyHead,
+        exchange: &Exchange,
+    ) -> bool
+    where
+        B: Body<Data = Bytes>,
+        B::Error: Into<BoxError>,
+    {
+        let ReadyHead {
+            mut writer,
+            framing,
+            mut keep,
+            ..
+        } = head;
         let mut left = match framing {
             Out::Length(n) | Out::Exact(n) => Some(n),
             _ => None,
