@@ -421,7 +421,12 @@ impl Client {
         };
         self.reclaim();
         let keep = exchange.keep_alive && !closing && framing != Out::Close && self.reading;
-        let mut writer = Writer::default();
+        // Room for the head and two frames from the start, instead of growing it while the
+        // first frames go out.
+        let mut writer = Writer {
+            pieces: VecDeque::with_capacity(8),
+            queued: 0,
+        };
         writer.push(Piece::Bytes(encode_head(
             exchange.version,
             status,
