@@ -2,11 +2,24 @@
 //! [`Decoder`] cuts data frames off the front of a connection's read buffer without copying
 //! them, and consumes the framing between them (chunk-size lines, the CRLF after a chunk,
 //! trailer fields). The upstream client's response bodies and the server's request bodies share
-//! it.
+//! it. The other way, a [`WriteQueue`] holds what goes out (a head, frames with their chunk
+//! framing) and writes it with vectored writes, never copying a frame: the upstream client's
+//! requests and the server's responses share it.
+
+use std::collections::VecDeque;
+use std::io::{self, IoSlice};
+use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use http_body::{Frame, SizeHint};
+use tokio::net::TcpStream;
+
+/// Buffers in one `writev`.
+const MAX_SLICES: usize = 64;
+/// Bytes queued ahead of a socket past which no more frames are taken from a body: a peer that
+/// does not read holds back the other side, not the proxy's memory.
+pub(crate) const GATHER_BYTES: usize = 16 << 10;
 
 /// The longest chunk-size line accepted (extensions included).
 const MAX_CHUNK_LINE: usize = 4 << 10;
@@ -254,6 +267,166 @@ fn trailer(line: &[u8]) -> Option<(HeaderName, HeaderValue)> {
     Some((name, value))
 }
 
+/// Appends one header field as `name: value` and CRLF.
+pub(crate) fn put_field(out: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
+    out.extend_from_slice(name.as_str().as_bytes());
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value.as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+/// One buffer on its way out.
+enum Piece {
+    Bytes(Bytes),
+    Static(&'static [u8]),
+    /// A chunk-size line: hex digits and CRLF, `start..end` of the array left to write.
+    Line([u8; 18], u8, u8),
+}
+
+impl Piece {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Piece::Bytes(b) => b,
+            Piece::Static(s) => s,
+            Piece::Line(line, start, end) => &line[*start as usize..*end as usize],
+        }
+    }
+
+    fn advance(&mut self, n: usize) {
+        match self {
+            Piece::Bytes(b) => b.advance(n),
+            Piece::Static(s) => *s = &s[n..],
+            Piece::Line(_, start, _) => *start += n as u8,
+        }
+    }
+
+    fn chunk_line(len: usize) -> Piece {
+        let mut line = [0u8; 18];
+        let digits = format_hex(len, &mut line);
+        line[digits] = b'\r';
+        line[digits + 1] = b'\n';
+        Piece::Line(line, 0, (digits + 2) as u8)
+    }
+}
+
+/// Writes `n` in hex at the front of `out`; how many digits.
+fn format_hex(n: usize, out: &mut [u8; 18]) -> usize {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let digits = ((usize::BITS - n.leading_zeros()).div_ceil(4)).max(1) as usize;
+    for i in 0..digits {
+        out[digits - 1 - i] = HEX[(n >> (4 * i)) & 0xF];
+    }
+    digits
+}
+
+/// What is queued for a socket: written with vectored writes, frames as they are.
+#[derive(Default)]
+pub(crate) struct WriteQueue {
+    pieces: VecDeque<Piece>,
+    queued: usize,
+    written: u64,
+}
+
+impl WriteQueue {
+    pub(crate) fn with_capacity(pieces: usize) -> WriteQueue {
+        WriteQueue {
+            pieces: VecDeque::with_capacity(pieces),
+            ..WriteQueue::default()
+        }
+    }
+
+    pub(crate) fn bytes(&mut self, bytes: Bytes) {
+        self.push(Piece::Bytes(bytes));
+    }
+
+    pub(crate) fn fixed(&mut self, bytes: &'static [u8]) {
+        self.push(Piece::Static(bytes));
+    }
+
+    fn push(&mut self, piece: Piece) {
+        let len = piece.as_slice().len();
+        if len > 0 {
+            self.queued += len;
+            self.pieces.push_back(piece);
+        }
+    }
+
+    /// A frame of a body: as it is, or as one chunk (size line, frame, CRLF).
+    pub(crate) fn data(&mut self, data: Bytes, chunked: bool) {
+        if data.is_empty() {
+            return;
+        }
+        if chunked {
+            self.push(Piece::chunk_line(data.len()));
+            self.push(Piece::Bytes(data));
+            self.push(Piece::Static(b"\r\n"));
+        } else {
+            self.push(Piece::Bytes(data));
+        }
+    }
+
+    /// Whether another frame may be taken: its pieces fit in one `writev` and fewer than
+    /// [`GATHER_BYTES`] are queued.
+    pub(crate) fn has_room(&self) -> bool {
+        self.pieces.len() + 3 <= MAX_SLICES && self.queued < GATHER_BYTES
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.pieces.is_empty()
+    }
+
+    /// Bytes queued and not yet written.
+    #[cfg(test)]
+    pub(crate) fn queued(&self) -> usize {
+        self.queued
+    }
+
+    /// Bytes written so far.
+    pub(crate) fn written(&self) -> u64 {
+        self.written
+    }
+
+    /// Writes until nothing is queued (`Ready(Ok)`) or the socket is full (`Pending`).
+    pub(crate) fn poll_write(
+        &mut self,
+        stream: &TcpStream,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<()>> {
+        while !self.pieces.is_empty() {
+            ready!(stream.poll_write_ready(cx))?;
+            let mut slices = [IoSlice::new(&[]); MAX_SLICES];
+            let mut count = 0;
+            for (slot, piece) in slices.iter_mut().zip(self.pieces.iter()) {
+                *slot = IoSlice::new(piece.as_slice());
+                count += 1;
+            }
+            match stream.try_write_vectored(&slices[..count]) {
+                Ok(0) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Ok(mut n) => {
+                    self.queued -= n;
+                    self.written += n as u64;
+                    while n > 0 {
+                        let Some(front) = self.pieces.front_mut() else {
+                            break;
+                        };
+                        let len = front.as_slice().len();
+                        if n >= len {
+                            n -= len;
+                            self.pieces.pop_front();
+                        } else {
+                            front.advance(n);
+                            n = 0;
+                        }
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -336,5 +509,18 @@ mod tests {
         assert!(Decoder::until_close().close());
         assert!(!Decoder::length(3).close());
         assert!(!Decoder::chunked().close());
+    }
+
+    #[test]
+    fn chunk_sizes_are_hex() {
+        for (n, hex) in [(1, "1"), (15, "F"), (16, "10"), (4096, "1000"), (0, "0")] {
+            let Piece::Line(line, start, end) = Piece::chunk_line(n) else {
+                unreachable!()
+            };
+            assert_eq!(
+                &line[start as usize..end as usize],
+                format!("{hex}\r\n").as_bytes()
+            );
+        }
     }
 }

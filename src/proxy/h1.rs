@@ -25,16 +25,15 @@
 //! while its request is served cancels it (as with hyper). An upstream body that breaks ends
 //! the client's response without its last chunk, so the client sees it cut short.
 
-use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
-use std::io::{self, IoSlice};
+use std::io;
 use std::mem::MaybeUninit;
 use std::pin::pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body;
@@ -43,18 +42,13 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::client_body::{ClientBody, Handback, Streamed};
-use super::codec::Decoder;
+use super::codec::{put_field, Decoder, WriteQueue};
 
 /// Request header fields at most (hyper's default too); more is a 431.
 pub(crate) const MAX_HEADERS: usize = 100;
 /// The read buffer's first size for a head: most requests' heads (and often their bodies) fit.
 /// It doubles while a head does not fit, up to `limits.max_request_head_bytes`.
 const READ_FIRST: usize = 1 << 10;
-/// Response bytes queued ahead of the socket before no more frames are taken from the body: a
-/// client that does not read holds back the upstream, not the proxy's memory.
-const GATHER_BYTES: usize = 16 << 10;
-/// Buffers in one `writev`.
-const MAX_SLICES: usize = 64;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -189,7 +183,7 @@ enum Answer<B> {
 
 /// A response head ready to go, and how its body is framed.
 struct ReadyHead {
-    writer: Writer,
+    writer: WriteQueue,
     framing: Out,
     keep: bool,
     bodiless: bool,
@@ -335,8 +329,6 @@ impl Client {
                 ClientBody::whole(data)
             }
             None => {
-                // Owed only while the client waits for it: nothing of the body sent yet.
-                let expect_continue = expect_continue && self.read.is_empty();
                 let (body, handback) = Streamed::new(
                     self.stream.clone(),
                     std::mem::take(&mut self.read),
@@ -405,36 +397,27 @@ impl Client {
             || status == StatusCode::NO_CONTENT
             || status == StatusCode::NOT_MODIFIED;
         // A HEAD response says the length a GET would have, when it is known.
-        let known = declared.or(body.size_hint().exact());
-        let framing = if no_content || (exchange.head_method && known.is_none()) {
-            Out::None
-        } else if exchange.head_method && declared.is_none() {
-            Out::Exact(known.unwrap_or(0))
-        } else if let Some(n) = declared {
-            Out::Length(n)
-        } else if let Some(n) = body.size_hint().exact() {
-            Out::Exact(n)
-        } else if exchange.version == Version::HTTP_11 {
-            Out::Chunked
-        } else {
-            Out::Close
+        let framing = match (declared, body.size_hint().exact()) {
+            _ if no_content => Out::None,
+            (Some(n), _) => Out::Length(n),
+            (None, Some(n)) => Out::Exact(n),
+            (None, None) if exchange.head_method => Out::None,
+            (None, None) if exchange.version == Version::HTTP_11 => Out::Chunked,
+            (None, None) => Out::Close,
         };
         self.reclaim();
         let keep = exchange.keep_alive && !closing && framing != Out::Close && self.reading;
         // Room for the head and two frames from the start, instead of growing it while the
         // first frames go out.
-        let mut writer = Writer {
-            pieces: VecDeque::with_capacity(8),
-            queued: 0,
-        };
-        writer.push(Piece::Bytes(encode_head(
+        let mut writer = WriteQueue::with_capacity(8);
+        writer.bytes(encode_head(
             exchange.version,
             status,
             &parts.headers,
             framing,
             keep,
             exchange.keep_alive,
-        )));
+        ));
         ReadyHead {
             writer,
             framing,
@@ -466,42 +449,42 @@ impl Client {
         };
         let mut ended = body.is_end_stream();
         if ended {
-            writer.end(framing, None, exchange.trailers);
+            end_body(&mut writer, framing, None, exchange.trailers);
         }
         let mut broken = false;
         let finished = poll_fn(|cx| loop {
             let mut body_pending = false;
-            while !ended && !broken && writer.queued < GATHER_BYTES && writer.room() {
+            while !ended && !broken && writer.has_room() {
                 match body.as_mut().poll_frame(cx) {
                     Poll::Ready(Some(Ok(frame))) => {
                         match frame.into_data() {
-                            Ok(data) => {
+                            Ok(mut data) => {
                                 if let Some(left) = left.as_mut() {
                                     // More than the length said: cut, and close after.
                                     let take = (data.len() as u64).min(*left);
                                     *left -= take;
                                     if take < data.len() as u64 {
+                                        data.truncate(take as usize);
                                         broken = true;
                                     }
-                                    writer.data(data.slice(..take as usize), framing);
-                                } else {
-                                    writer.data(data, framing);
                                 }
+                                writer.data(data, framing == Out::Chunked);
                             }
                             Err(frame) => {
                                 ended = true;
-                                writer.end(framing, frame.into_trailers().ok(), exchange.trailers);
+                                let trailers = frame.into_trailers().ok();
+                                end_body(&mut writer, framing, trailers, exchange.trailers);
                                 break;
                             }
                         }
                         if body.is_end_stream() {
                             ended = true;
-                            writer.end(framing, None, exchange.trailers);
+                            end_body(&mut writer, framing, None, exchange.trailers);
                         }
                     }
                     Poll::Ready(None) => {
                         ended = true;
-                        writer.end(framing, None, exchange.trailers);
+                        end_body(&mut writer, framing, None, exchange.trailers);
                     }
                     Poll::Ready(Some(Err(e))) => {
                         let e: BoxError = e.into();
@@ -539,7 +522,7 @@ impl Client {
     }
 
     /// Writes what is queued; whether all of it went.
-    async fn flush(&mut self, writer: &mut Writer) -> bool {
+    async fn flush(&mut self, writer: &mut WriteQueue) -> bool {
         poll_fn(|cx| writer.poll_write(&self.stream, cx))
             .await
             .is_ok()
@@ -552,15 +535,15 @@ impl Client {
             Refusal::TooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Refusal::NotImplemented => StatusCode::NOT_IMPLEMENTED,
         };
-        let mut writer = Writer::default();
-        writer.push(Piece::Bytes(encode_head(
+        let mut writer = WriteQueue::default();
+        writer.bytes(encode_head(
             Version::HTTP_11,
             status,
             &HeaderMap::new(),
             Out::Exact(0),
             false,
             false,
-        )));
+        ));
         let _ = tokio::time::timeout(within, self.flush(&mut writer)).await;
     }
 }
@@ -610,10 +593,7 @@ fn encode_head(
         if name == header::CONTENT_LENGTH && framing == Out::Chunked {
             continue;
         }
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
+        put_field(&mut out, name, value);
     }
     if !headers.contains_key(header::DATE) {
         out.extend_from_slice(b"date: ");
@@ -788,142 +768,27 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, Refusal> {
     }))
 }
 
-/// One buffer of the response on its way out.
-enum Piece {
-    Bytes(Bytes),
-    Static(&'static [u8]),
-    /// A chunk-size line: hex digits and CRLF, `start..end` of the array left to write.
-    Line([u8; 18], u8, u8),
-}
-
-impl Piece {
-    fn as_slice(&self) -> &[u8] {
-        match self {
-            Piece::Bytes(b) => b,
-            Piece::Static(s) => s,
-            Piece::Line(line, start, end) => &line[*start as usize..*end as usize],
-        }
+/// The end of a body: for a chunked one, the last chunk and the trailers if the client takes
+/// them.
+fn end_body(
+    queue: &mut WriteQueue,
+    framing: Out,
+    trailers: Option<HeaderMap>,
+    send_trailers: bool,
+) {
+    if framing != Out::Chunked {
+        return;
     }
-
-    fn advance(&mut self, n: usize) {
-        match self {
-            Piece::Bytes(b) => b.advance(n),
-            Piece::Static(s) => *s = &s[n..],
-            Piece::Line(_, start, _) => *start += n as u8,
-        }
-    }
-
-    fn chunk_line(len: usize) -> Piece {
-        let mut line = [0u8; 18];
-        let digits = format_hex(len, &mut line);
-        line[digits] = b'\r';
-        line[digits + 1] = b'\n';
-        Piece::Line(line, 0, (digits + 2) as u8)
-    }
-}
-
-/// Writes `n` in hex at the front of `out`; how many digits.
-fn format_hex(n: usize, out: &mut [u8; 18]) -> usize {
-    const HEX: &[u8; 16] = b"0123456789ABCDEF";
-    let digits = ((usize::BITS - n.leading_zeros()).div_ceil(4)).max(1) as usize;
-    for i in 0..digits {
-        out[digits - 1 - i] = HEX[(n >> (4 * i)) & 0xF];
-    }
-    digits
-}
-
-/// The response bytes queued for the socket.
-#[derive(Default)]
-struct Writer {
-    pieces: VecDeque<Piece>,
-    queued: usize,
-}
-
-impl Writer {
-    fn push(&mut self, piece: Piece) {
-        let len = piece.as_slice().len();
-        if len > 0 {
-            self.queued += len;
-            self.pieces.push_back(piece);
-        }
-    }
-
-    /// Whether another frame's pieces fit in one `writev`.
-    fn room(&self) -> bool {
-        self.pieces.len() + 3 <= MAX_SLICES
-    }
-
-    fn data(&mut self, data: Bytes, framing: Out) {
-        if data.is_empty() {
-            return;
-        }
-        if framing == Out::Chunked {
-            self.push(Piece::chunk_line(data.len()));
-            self.push(Piece::Bytes(data));
-            self.push(Piece::Static(b"\r\n"));
-        } else {
-            self.push(Piece::Bytes(data));
-        }
-    }
-
-    /// The end of a chunked body: the last chunk, trailers if the client takes them.
-    fn end(&mut self, framing: Out, trailers: Option<HeaderMap>, send_trailers: bool) {
-        if framing != Out::Chunked {
-            return;
-        }
-        match trailers.filter(|t| send_trailers && !t.is_empty()) {
-            None => self.push(Piece::Static(b"0\r\n\r\n")),
-            Some(trailers) => {
-                let mut out = b"0\r\n".to_vec();
-                for (name, value) in &trailers {
-                    out.extend_from_slice(name.as_str().as_bytes());
-                    out.extend_from_slice(b": ");
-                    out.extend_from_slice(value.as_bytes());
-                    out.extend_from_slice(b"\r\n");
-                }
-                out.extend_from_slice(b"\r\n");
-                self.push(Piece::Bytes(Bytes::from(out)));
+    match trailers.filter(|t| send_trailers && !t.is_empty()) {
+        None => queue.fixed(b"0\r\n\r\n"),
+        Some(trailers) => {
+            let mut out = b"0\r\n".to_vec();
+            for (name, value) in &trailers {
+                put_field(&mut out, name, value);
             }
+            out.extend_from_slice(b"\r\n");
+            queue.bytes(Bytes::from(out));
         }
-    }
-
-    /// Writes until nothing is queued (`Ready(Ok)`) or the socket is full (`Pending`).
-    fn poll_write(&mut self, stream: &TcpStream, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        while !self.pieces.is_empty() {
-            ready!(stream.poll_write_ready(cx))?;
-            let mut slices = [IoSlice::new(&[]); MAX_SLICES];
-            let mut count = 0;
-            for (slot, piece) in slices.iter_mut().zip(self.pieces.iter()) {
-                *slot = IoSlice::new(piece.as_slice());
-                count += 1;
-            }
-            match stream.try_write_vectored(&slices[..count]) {
-                Ok(0) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
-                Ok(mut n) => {
-                    self.queued -= n;
-                    while n > 0 {
-                        let Some(front) = self.pieces.front_mut() else {
-                            break;
-                        };
-                        let len = front.as_slice().len();
-                        if n >= len {
-                            n -= len;
-                            self.pieces.pop_front();
-                        } else {
-                            front.advance(n);
-                            n = 0;
-                        }
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => return Poll::Ready(Err(e)),
-            }
-        }
-        // The queue's own storage goes too: a waiting connection holds none.
-        if self.pieces.capacity() > MAX_SLICES {
-            self.pieces = VecDeque::new();
-        }
-        Poll::Ready(Ok(()))
     }
 }
 
@@ -1343,18 +1208,5 @@ mod tests {
         assert_eq!(client.read.capacity(), 0);
         let body = request.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(&body[..], b"hi");
-    }
-
-    #[test]
-    fn chunk_sizes_are_hex() {
-        for (n, hex) in [(1, "1"), (15, "F"), (16, "10"), (4096, "1000"), (0, "0")] {
-            let Piece::Line(line, start, end) = Piece::chunk_line(n) else {
-                unreachable!()
-            };
-            assert_eq!(
-                &line[start as usize..end as usize],
-                format!("{hex}\r\n").as_bytes()
-            );
-        }
     }
 }

@@ -23,9 +23,8 @@
 //! A connection is driven only by the request that uses it; an idle one is not polled at all
 //! until its next checkout, which looks (`MSG_PEEK`) whether the server closed it meanwhile.
 
-use std::collections::VecDeque;
 use std::future::Future;
-use std::io::{self, IoSlice};
+use std::io;
 use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -36,11 +35,11 @@ use bytes::{Buf, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
-use tokio::io::{AsyncReadExt, AsyncWrite};
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use super::codec::{Decoder, Malformed};
+use super::codec::{put_field, Decoder, Malformed, WriteQueue};
 use super::request_body::UpstreamBody;
 use super::shard;
 
@@ -58,11 +57,6 @@ const READ_BUFFER_MIN: usize = 1 << 10;
 const READ_BUFFER_MAX: usize = 64 << 10;
 /// Response header fields at most (hyper's limit is 100).
 const MAX_HEADERS: usize = 128;
-/// Buffers gathered into one `writev` of a request, and the bytes past which no more of the
-/// body is taken from the client until the upstream has taken what is queued: an upstream that
-/// does not read holds back the client, not the proxy's memory.
-const MAX_SLICES: usize = 16;
-const GATHER_BYTES: usize = 16 << 10;
 
 /// Why an exchange with the upstream failed.
 #[derive(Debug)]
@@ -184,7 +178,7 @@ impl Conn {
                     Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                     Poll::Ready(Ok(())) | Poll::Pending => {}
                 }
-                if sending.written > 0 {
+                if sending.written() > 0 {
                     unsent = None;
                 }
             }
@@ -226,14 +220,12 @@ impl Conn {
 /// A request on its way out: the head, then the body as it comes, each chunk written with
 /// vectored writes and never copied.
 struct Sending {
-    queue: VecDeque<Bytes>,
+    queue: WriteQueue,
     chunked: bool,
     /// The body has ended (its last bytes may still be queued).
     body_done: bool,
     /// Everything was written.
     done: bool,
-    /// Bytes written so far.
-    written: u64,
 }
 
 impl Sending {
@@ -245,10 +237,7 @@ impl Sending {
         head.extend_from_slice(target.as_bytes());
         head.extend_from_slice(b" HTTP/1.1\r\n");
         for (name, value) in &parts.headers {
-            head.extend_from_slice(name.as_str().as_bytes());
-            head.extend_from_slice(b": ");
-            head.extend_from_slice(value.as_bytes());
-            head.extend_from_slice(b"\r\n");
+            put_field(&mut head, name, value);
         }
         // The body's framing: the client's Content-Length when it gave one (the transfer coding
         // was its connection's and is gone), else the body's known length, else chunked.
@@ -267,14 +256,13 @@ impl Sending {
             }
         }
         head.extend_from_slice(b"\r\n");
-        let mut queue = VecDeque::with_capacity(4);
-        queue.push_back(Bytes::from(head));
+        let mut queue = WriteQueue::with_capacity(4);
+        queue.bytes(Bytes::from(head));
         Sending {
             queue,
             chunked,
             body_done: empty,
             done: false,
-            written: 0,
         }
     }
 
@@ -290,10 +278,7 @@ impl Sending {
     ) -> Poll<Result<(), UpstreamError>> {
         loop {
             let mut body_pending = false;
-            while !self.body_done
-                && self.queue.len() + 3 <= MAX_SLICES
-                && self.queue.iter().map(Bytes::len).sum::<usize>() < GATHER_BYTES
-            {
+            while !self.body_done && self.queue.has_room() {
                 match Pin::new(&mut *body).poll_frame(cx) {
                     Poll::Pending => {
                         body_pending = true;
@@ -301,19 +286,8 @@ impl Sending {
                     }
                     Poll::Ready(Some(Ok(frame))) => {
                         // Request trailers are not forwarded.
-                        let Ok(data) = frame.into_data() else {
-                            continue;
-                        };
-                        if data.is_empty() {
-                            continue;
-                        }
-                        if self.chunked {
-                            let size = format!("{:x}\r\n", data.len());
-                            self.queue.push_back(Bytes::from(size));
-                            self.queue.push_back(data);
-                            self.queue.push_back(Bytes::from_static(b"\r\n"));
-                        } else {
-                            self.queue.push_back(data);
+                        if let Ok(data) = frame.into_data() {
+                            self.queue.data(data, self.chunked);
                         }
                     }
                     Poll::Ready(Some(Err(e))) => {
@@ -322,7 +296,7 @@ impl Sending {
                     Poll::Ready(None) => {
                         self.body_done = true;
                         if self.chunked {
-                            self.queue.push_back(Bytes::from_static(b"0\r\n\r\n"));
+                            self.queue.fixed(b"0\r\n\r\n");
                         }
                     }
                 }
@@ -337,32 +311,13 @@ impl Sending {
                 }
                 continue;
             }
-            let mut slices = [IoSlice::new(&[]); MAX_SLICES];
-            let mut count = 0;
-            for (slot, chunk) in slices.iter_mut().zip(&self.queue) {
-                *slot = IoSlice::new(chunk);
-                count += 1;
-            }
-            let n = ready!(Pin::new(&mut *stream).poll_write_vectored(cx, &slices[..count]))
-                .map_err(UpstreamError::Io)?;
-            if n == 0 {
-                return Poll::Ready(Err(UpstreamError::Io(io::ErrorKind::WriteZero.into())));
-            }
-            self.written += n as u64;
-            let mut left = n;
-            while left > 0 {
-                let Some(front) = self.queue.front_mut() else {
-                    break;
-                };
-                if front.len() <= left {
-                    left -= front.len();
-                    self.queue.pop_front();
-                } else {
-                    front.advance(left);
-                    left = 0;
-                }
-            }
+            ready!(self.queue.poll_write(stream, cx)).map_err(UpstreamError::Io)?;
         }
+    }
+
+    /// Bytes written so far.
+    fn written(&self) -> u64 {
+        self.queue.written()
     }
 }
 
@@ -1042,12 +997,12 @@ mod tests {
         let total = 256 * frame.len() as u64;
         let (parts, mut body) = request(Method::POST, vec![frame; 256]).into_parts();
         let mut sending = Sending::new(&parts, &body);
-        let head = sending.queue[0].len() as u64;
+        let head = sending.queue.queued() as u64;
         let polled =
             std::future::poll_fn(|cx| Poll::Ready(sending.poll(&mut stream, &mut body, cx))).await;
         assert!(polled.is_pending(), "the socket filled up");
         let taken = total - body.size_hint().exact().unwrap();
-        let sent = sending.written - head;
+        let sent = sending.written() - head;
         assert!(
             // At most 16 KiB queued, plus the one frame that went past it.
             taken - sent <= 80 << 10,
