@@ -17,7 +17,9 @@
 //! `TOKENMETER_BENCH_STREAMS=128,512,1024,2048`, `TOKENMETER_BENCH_EVENTS=64` (tokens per stream),
 //! `TOKENMETER_BENCH_INTERVAL_US=20000` (the pace), `TOKENMETER_BENCH_NGINX=PATH` (or `0` to
 //! leave nginx out), `TOKENMETER_BENCH_RELAY=1` (a bare TCP relay process as one more way: the
-//! cost of the hop alone), and `TOKENMETER_BENCH_PERF=DIR` (one extra, uncounted round per proxy
+//! cost of the hop alone), `TOKENMETER_BENCH_CANDIDATE=PATH` (another tokenmeter binary as one
+//! more way, `candidate`: two builds compared in one run), `TOKENMETER_BENCH_SAMPLES=400` (one-user
+//! requests per way), and `TOKENMETER_BENCH_PERF=DIR` (one extra, uncounted round per proxy
 //! at the level nearest 512 streams under `perf record -g`, written to DIR).
 
 #[path = "overhead/load.rs"]
@@ -57,7 +59,7 @@ fn main() -> ExitCode {
     // upstream's end of every connection to it: a little over two descriptors per stream and
     // way at the top level, three with head room. Raised before the proxies start, so they
     // inherit it (each proxy needs a little over two per stream).
-    let ways_count = 3 + usize::from(params.relay);
+    let ways_count = 3 + usize::from(params.relay) + usize::from(params.candidate.is_some());
     let top = params.levels.iter().copied().max().unwrap_or(1);
     if let Err(why) = procfs::ensure_open_files(3 * (ways_count * top) as u64 + 256) {
         return fail(&why);
@@ -99,6 +101,13 @@ fn main() -> ExitCode {
     } else {
         None
     };
+    let candidate = match &params.candidate {
+        Some(binary) => match ProxyProcess::tokenmeter_from(binary, upstream.addr) {
+            Ok(proxy) => Some(proxy),
+            Err(e) => return fail(&e),
+        },
+        None => None,
+    };
     let mut proxies: Vec<(&'static str, &ProxyProcess)> = Vec::new();
     if let Ok(nginx) = &nginx {
         proxies.push(("nginx", nginx));
@@ -106,6 +115,9 @@ fn main() -> ExitCode {
     proxies.push(("tokenmeter", &tokenmeter));
     if let Some(relay) = &relay {
         proxies.push(("relay", relay));
+    }
+    if let Some(candidate) = &candidate {
+        proxies.push(("candidate", candidate));
     }
     // Ways are built inside the runtime: hyper's client pool needs it.
     let measured = runtime.block_on(async {
@@ -151,6 +163,7 @@ struct Params {
     window: Duration,
     rounds: usize,
     relay: bool,
+    candidate: Option<PathBuf>,
     perf_dir: Option<PathBuf>,
 }
 
@@ -199,12 +212,17 @@ impl Params {
             // in well under a minute.
             single: Workload::new(16, Duration::from_millis(2)),
             single_warmup: if quick { 3 } else { 10 },
-            single_samples: if quick { 30 } else { 400 },
+            single_samples: number("TOKENMETER_BENCH_SAMPLES")
+                .map(|n| n.clamp(1, 100_000) as usize)
+                .unwrap_or(if quick { 30 } else { 400 }),
             workload: Workload::new(tokens, interval),
             levels,
             window: Duration::from_secs(if quick { 1 } else { 4 }),
             rounds: if quick { 1 } else { 2 },
             relay: flag("TOKENMETER_BENCH_RELAY"),
+            candidate: std::env::var_os("TOKENMETER_BENCH_CANDIDATE")
+                .filter(|p| !p.is_empty())
+                .map(PathBuf::from),
             perf_dir,
         }
     }

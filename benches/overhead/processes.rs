@@ -40,7 +40,16 @@ impl ProxyProcess {
     /// The `tokenmeter` binary this bench was built with, on embedded defaults: metrics and the
     /// live view on, no per-request access log (nginx's is off too).
     pub(crate) fn tokenmeter(upstream: SocketAddr) -> Result<ProxyProcess, String> {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
+        ProxyProcess::tokenmeter_from(Path::new(env!("CARGO_BIN_EXE_tokenmeter")), upstream)
+    }
+
+    /// Another `tokenmeter` binary (`TOKENMETER_BENCH_CANDIDATE`), run the same way: two builds
+    /// compared in one run, on the same machine state.
+    pub(crate) fn tokenmeter_from(
+        binary: &Path,
+        upstream: SocketAddr,
+    ) -> Result<ProxyProcess, String> {
+        let mut child = Command::new(binary)
             .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
             .arg("--upstream")
             .arg(format!("http://{upstream}"))
@@ -49,7 +58,7 @@ impl ProxyProcess {
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", env!("CARGO_BIN_EXE_tokenmeter")))?;
+            .map_err(|e| format!("cannot start {}: {e}", binary.display()))?;
         let (line, complaints) = serving::await_serving(&mut child)?;
         let proxy = ProxyProcess {
             child,

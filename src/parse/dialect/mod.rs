@@ -18,6 +18,7 @@ mod llamacpp;
 mod ollama;
 mod openai;
 mod responses;
+mod scan;
 mod sglang;
 mod sniff;
 mod tgi;
@@ -218,8 +219,8 @@ impl Shape {
         matches!(self, Shape::Empty | Shape::Filled)
     }
 
-    fn of(raw: &str) -> Shape {
-        let raw = raw.as_bytes();
+    /// The shape of a value's raw JSON text.
+    fn of(raw: &[u8]) -> Shape {
         match raw.first() {
             None => Shape::Absent,
             Some(b'n') => Shape::Null,
@@ -243,7 +244,7 @@ impl<'de> Deserialize<'de> for Shape {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         // Raw text borrowed from the event: no string is unescaped or copied.
         let raw = <&'de RawValue>::deserialize(d)?;
-        Ok(Shape::of(raw.get()))
+        Ok(Shape::of(raw.get().as_bytes()))
     }
 }
 
@@ -449,15 +450,21 @@ struct Finish(Option<FinishReason>);
 impl<'de> Deserialize<'de> for Finish {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let raw = <&'de RawValue>::deserialize(d)?.get().as_bytes();
-        let reason = match raw {
+        Ok(Finish::of(raw))
+    }
+}
+
+impl Finish {
+    /// The finish reason a value's raw JSON text gives.
+    fn of(raw: &[u8]) -> Finish {
+        Finish(match raw {
             b"null" => None,
             // Some servers send `""` on every chunk that is not the last: not an end.
             b"\"\"" => None,
             [b'"', name @ .., b'"'] => Some(finish_reason(name)),
             // Not a string, but not null either: the server says it stopped, for some reason.
             _ => Some(FinishReason::Other),
-        };
-        Ok(Finish(reason))
+        })
     }
 }
 
@@ -490,13 +497,25 @@ struct Alarm(bool);
 
 impl Alarm {
     fn error_field<'de, D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let raw = <&'de RawValue>::deserialize(d)?.get();
-        Ok(Alarm(!matches!(raw, "null" | "\"\"" | "false" | "{}")))
+        Ok(Alarm::error(
+            <&'de RawValue>::deserialize(d)?.get().as_bytes(),
+        ))
     }
 
     fn object_field<'de, D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let raw = <&'de RawValue>::deserialize(d)?.get();
-        Ok(Alarm(raw == "\"error\""))
+        Ok(Alarm::object(
+            <&'de RawValue>::deserialize(d)?.get().as_bytes(),
+        ))
+    }
+
+    /// An `error` field, from its raw JSON text.
+    fn error(raw: &[u8]) -> Alarm {
+        Alarm(!matches!(raw, b"null" | b"\"\"" | b"false" | b"{}"))
+    }
+
+    /// An `object` field, from its raw JSON text.
+    fn object(raw: &[u8]) -> Alarm {
+        Alarm(raw == b"\"error\"")
     }
 }
 

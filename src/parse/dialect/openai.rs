@@ -32,6 +32,7 @@
 use serde::de::{Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
 
+use super::scan::{Cursor, Fields};
 use super::{
     is_done, report_details, update, Alarm, Count, EngineReport, Finish, FinishReason, Index,
     OutputDetails, PromptDetails, Shape, Timings, ToolCalls, Tracks, Verdict,
@@ -39,7 +40,7 @@ use super::{
 
 /// One chunk of a stream, or a whole body: only the fields that matter here. Everything else
 /// (`id`, `logprobs`, `system_fingerprint`, `obfuscation`, ...) is skipped by serde unread.
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
 struct Chunk {
     #[serde(default)]
     choices: Choices,
@@ -84,8 +85,48 @@ impl Usage {
     }
 }
 
+impl Chunk {
+    /// The chunk, read by the strict cursor when it can (the token chunks that are nearly all of
+    /// a stream), else by serde_json; `None` when it is not a JSON object of this shape.
+    fn read(data: &[u8]) -> Option<Chunk> {
+        Chunk::scan(data).or_else(|| serde_json::from_slice(data).ok())
+    }
+
+    /// The cursor's reading (`scan`): `None` leaves the chunk to serde_json, which reads what
+    /// the cursor does not: `usage`, `timings`, tool calls, and anything unusual.
+    fn scan(data: &[u8]) -> Option<Chunk> {
+        let mut cursor = Cursor::new(data)?;
+        let mut chunk = Chunk::default();
+        let mut fields = Fields::default();
+        let mut members = cursor.object()?;
+        while let Some(key) = cursor.key(&mut members)? {
+            match key {
+                b"choices" => {
+                    fields.first(0)?;
+                    chunk.choices = Choices::scan(&mut cursor)?;
+                }
+                b"usage" | b"timings" => {
+                    fields.first(if key == b"usage" { 1 } else { 2 })?;
+                    cursor.null()?;
+                }
+                b"error" => {
+                    fields.first(3)?;
+                    chunk.error = Alarm::error(cursor.raw()?);
+                }
+                b"object" => {
+                    fields.first(4)?;
+                    chunk.object = Alarm::object(cursor.raw()?);
+                }
+                _ => cursor.skip_value()?,
+            }
+        }
+        cursor.end()?;
+        Some(chunk)
+    }
+}
+
 /// One element of `choices`.
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
 struct Choice {
     #[serde(default)]
     index: Index,
@@ -99,8 +140,42 @@ struct Choice {
     finish_reason: Finish,
 }
 
+impl Choice {
+    fn scan(cursor: &mut Cursor) -> Option<Choice> {
+        let mut choice = Choice::default();
+        let mut fields = Fields::default();
+        let mut members = cursor.object()?;
+        while let Some(key) = cursor.key(&mut members)? {
+            match key {
+                b"index" => {
+                    fields.first(0)?;
+                    choice.index = Index(cursor.unsigned()?);
+                }
+                b"delta" => {
+                    fields.first(1)?;
+                    choice.delta = Message::scan_optional(cursor)?;
+                }
+                b"message" => {
+                    fields.first(2)?;
+                    choice.message = Message::scan_optional(cursor)?;
+                }
+                b"text" => {
+                    fields.first(3)?;
+                    choice.text = Shape::of(cursor.raw()?);
+                }
+                b"finish_reason" => {
+                    fields.first(4)?;
+                    choice.finish_reason = Finish::of(cursor.raw()?);
+                }
+                _ => cursor.skip_value()?,
+            }
+        }
+        Some(choice)
+    }
+}
+
 /// A chat `delta` (streamed) or `message` (whole body).
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
 struct Message {
     #[serde(default)]
     content: Shape,
@@ -117,6 +192,46 @@ struct Message {
 }
 
 impl Message {
+    /// `null` or a message; a message with tool calls is serde_json's to read.
+    fn scan_optional(cursor: &mut Cursor) -> Option<Option<Message>> {
+        if cursor.peek()? == b'n' {
+            cursor.null()?;
+            return Some(None);
+        }
+        let mut message = Message::default();
+        let mut fields = Fields::default();
+        let mut members = cursor.object()?;
+        while let Some(key) = cursor.key(&mut members)? {
+            let (index, shape) = match key {
+                b"content" => (0, &mut message.content),
+                b"refusal" => (1, &mut message.refusal),
+                b"reasoning_content" => (2, &mut message.reasoning_content),
+                b"reasoning" => (3, &mut message.reasoning),
+                b"function_call" => (4, &mut message.function_call),
+                b"tool_calls" => {
+                    fields.first(5)?;
+                    // `null` or `[]`: no call.
+                    if cursor.peek()? == b'n' {
+                        cursor.null()?;
+                    } else {
+                        let mut calls = cursor.array()?;
+                        if cursor.element(&mut calls)? {
+                            return None;
+                        }
+                    }
+                    continue;
+                }
+                _ => {
+                    cursor.skip_value()?;
+                    continue;
+                }
+            };
+            fields.first(index)?;
+            *shape = Shape::of(cursor.raw()?);
+        }
+        Some(Some(message))
+    }
+
     fn content(&self) -> bool {
         self.content.filled() || self.refusal.filled()
     }
@@ -131,7 +246,7 @@ impl Message {
 }
 
 /// All choices of one chunk, folded as they are read: no `Vec` is built for them.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, PartialEq, Eq)]
 struct Choices {
     /// Some chat message carried output.
     message_output: bool,
@@ -172,18 +287,39 @@ impl<'de> Visitor<'de> for ChoicesVisitor {
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Choices, A::Error> {
         let mut all = Choices::default();
         while let Some(choice) = seq.next_element::<Choice>()? {
-            for message in [&choice.delta, &choice.message].into_iter().flatten() {
-                all.message_output |= message.output();
-                all.message_content |= message.content();
-            }
-            all.text |= choice.text.filled();
-            all.count = all.count.saturating_add(1);
-            all.index = choice.index.0;
-            if choice.finish_reason.0.is_some() {
-                all.finish = choice.finish_reason.0;
-            }
+            all.add(&choice);
         }
         Ok(all)
+    }
+}
+
+impl Choices {
+    /// Folds one more choice in.
+    fn add(&mut self, choice: &Choice) {
+        for message in [&choice.delta, &choice.message].into_iter().flatten() {
+            self.message_output |= message.output();
+            self.message_content |= message.content();
+        }
+        self.text |= choice.text.filled();
+        self.count = self.count.saturating_add(1);
+        self.index = choice.index.0;
+        if choice.finish_reason.0.is_some() {
+            self.finish = choice.finish_reason.0;
+        }
+    }
+
+    /// `null` or an array of choices, read by the cursor.
+    fn scan(cursor: &mut Cursor) -> Option<Choices> {
+        let mut all = Choices::default();
+        if cursor.peek()? == b'n' {
+            cursor.null()?;
+            return Some(all);
+        }
+        let mut elements = cursor.array()?;
+        while cursor.element(&mut elements)? {
+            all.add(&Choice::scan(cursor)?);
+        }
+        Some(all)
     }
 }
 
@@ -233,7 +369,7 @@ impl OpenAi {
         if is_done(data) {
             return Verdict { end: true, ..base };
         }
-        let Ok(chunk) = serde_json::from_slice::<Chunk>(data) else {
+        let Some(chunk) = Chunk::read(data) else {
             return base;
         };
         let mut verdict = read(flavour, &chunk, base, report);
@@ -256,9 +392,9 @@ pub(super) fn completions_body(body: &[u8], report: &mut EngineReport) -> Verdic
 }
 
 fn parse(flavour: Flavour, json: &[u8], report: &mut EngineReport) -> Verdict {
-    match serde_json::from_slice::<Chunk>(json) {
-        Ok(chunk) => read(flavour, &chunk, Verdict::default(), report),
-        Err(_) => Verdict::default(),
+    match Chunk::read(json) {
+        Some(chunk) => read(flavour, &chunk, Verdict::default(), report),
+        None => Verdict::default(),
     }
 }
 
@@ -627,5 +763,126 @@ mod tests {
         assert!(v.output && v.content && v.end);
         assert_eq!(v.finish, Some(FinishReason::Length));
         assert_eq!(v.usage_output_tokens, Some(7));
+    }
+
+    /// The cursor's reading of a payload, checked against serde_json's: when the cursor reads a
+    /// chunk, serde_json must read the same one (the cursor gives up on whatever it does not read
+    /// as serde_json would). Returns whether the cursor read it.
+    fn cursor_agrees(data: &[u8]) -> bool {
+        let Some(scanned) = Chunk::scan(data) else {
+            return false;
+        };
+        let text = String::from_utf8_lossy(data);
+        let read = serde_json::from_slice::<Chunk>(data)
+            .unwrap_or_else(|e| panic!("the cursor read what serde_json refuses ({e}): {text}"));
+        assert_eq!(scanned.choices, read.choices, "{text}");
+        assert_eq!(
+            (scanned.error, scanned.object),
+            (read.error, read.object),
+            "{text}"
+        );
+        assert!(read.usage.is_none() && read.timings.is_none(), "{text}");
+        true
+    }
+
+    /// Every `data:` payload of every captured and written stream, read once.
+    fn captured_payloads() -> &'static [Vec<u8>] {
+        static PAYLOADS: std::sync::OnceLock<Vec<Vec<u8>>> = std::sync::OnceLock::new();
+        PAYLOADS.get_or_init(read_payloads)
+    }
+
+    fn read_payloads() -> Vec<Vec<u8>> {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut payloads = Vec::new();
+        for dir in ["../shared/fixtures/streams", "tests/fixtures/streams"] {
+            let Ok(entries) = std::fs::read_dir(root.join(dir)) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let text = std::fs::read(entry.path()).unwrap_or_default();
+                for line in text.split(|&b| b == b'\n') {
+                    if let Some(data) = line.strip_prefix(b"data:") {
+                        let data = data.strip_prefix(b" ").unwrap_or(data);
+                        payloads.push(data.strip_suffix(b"\r").unwrap_or(data).to_vec());
+                    }
+                }
+            }
+        }
+        payloads
+    }
+
+    #[test]
+    fn the_cursor_reads_token_chunks_as_serde_json_does() {
+        let payloads = captured_payloads();
+        assert!(payloads.len() > 100, "fixtures not found");
+        let read = payloads.iter().filter(|p| cursor_agrees(p)).count();
+        // Token chunks are most of what the captured streams carry.
+        assert!(read * 2 > payloads.len(), "{read} of {}", payloads.len());
+        for data in [
+            r#"{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"Hi"},"logprobs":null,"finish_reason":null}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":"","refusal":null,"tool_calls":[]}}],"usage":null}"#,
+            r#"{"choices":[{"index":1,"text":" x","finish_reason":"length"},{"index":0,"message":{"content":null,"reasoning":"r"}}]}"#,
+            r#"{"choices":null,"object":"error","error":{"message":"boom"}}"#,
+            r#" {"choices":[],"error":"","object":"x","timings":null} "#,
+        ] {
+            assert!(cursor_agrees(data.as_bytes()), "{data}");
+        }
+        for data in [
+            // Left to serde_json: usage, timings, tool calls, escaped keys, a field twice, odd
+            // types, a number where an index is not a plain count.
+            r#"{"choices":[],"usage":{"completion_tokens":3}}"#,
+            r#"{"choices":[],"timings":{"predicted_n":3}}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0}]}}]}"#,
+            r#"{"ch\u006fices":[{"delta":{"content":"x"}}]}"#,
+            r#"{"choices":[],"choices":[]}"#,
+            r#"{"choices":[{"delta":{"content":"a","content":"b"}}]}"#,
+            r#"{"choices":[{"index":-1,"delta":{"content":"x"}}]}"#,
+            r#"{"choices":[{"index":1.0,"delta":{"content":"x"}}]}"#,
+            r#"{"choices":[[0]]}"#,
+            r#"{"choices":{}}"#,
+            r#"[{"choices":[]}]"#,
+            "[DONE]",
+        ] {
+            assert!(Chunk::scan(data.as_bytes()).is_none(), "{data}");
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+
+        /// Broken, cut and spliced chunks: whatever the cursor still reads, serde_json reads
+        /// the same way.
+        #[test]
+        fn the_cursor_never_reads_more_than_serde_json(
+            pick in 0usize..64,
+            edits in proptest::collection::vec((0usize..400, 0usize..24, 0u8..4), 1..4),
+        ) {
+            const BASES: [&str; 4] = [
+                r#"{"id":"chatcmpl-9","object":"chat.completion.chunk","created":1718000000,"model":"gpt-4o","choices":[{"index":0,"delta":{"content":" the"},"logprobs":null,"finish_reason":null}]}"#,
+                r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":"","refusal":null}}],"object":"chat.completion.chunk"}"#,
+                r#"{"choices":[{"text":"\n\u00e9x","index":2,"finish_reason":"stop"}],"error":null}"#,
+                r#"{"choices":[{"delta":{"reasoning_content":"hm","tool_calls":null},"finish_reason":""}],"x":[1,-2.5e3,{"y":[true,false]}]}"#,
+            ];
+            const ALPHABET: &[u8] = b"{}[]\",:\\ 0-.eE19nutlfa\xff\x01";
+            let payloads = captured_payloads();
+            let mut data = if pick < BASES.len() || payloads.is_empty() {
+                BASES[pick % BASES.len()].as_bytes().to_vec()
+            } else {
+                payloads[pick % payloads.len()].clone()
+            };
+            for (at, symbol, kind) in edits {
+                let at = at % (data.len() + 1);
+                let byte = ALPHABET[symbol % ALPHABET.len()];
+                match kind {
+                    0 if at < data.len() => data[at] = byte,
+                    1 => data.insert(at, byte),
+                    2 if at < data.len() => {
+                        data.remove(at);
+                    }
+                    _ => data.truncate(at),
+                }
+            }
+            cursor_agrees(&data);
+        }
     }
 }
