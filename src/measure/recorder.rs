@@ -137,8 +137,10 @@ impl Recorder {
     pub fn start(meter: Arc<Meter>, method: &Method, uri: &http::Uri, headers: &HeaderMap) -> Self {
         let t_start = Instant::now();
         let candidates = meter.router.candidates(method, uri, headers);
+        // A typed name: looking a header up by text parses the name on every call.
+        const REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
         let request_id = headers
-            .get("x-request-id")
+            .get(REQUEST_ID)
             .and_then(|v| v.to_str().ok())
             .map(|v| {
                 v.chars()
