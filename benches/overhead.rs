@@ -19,7 +19,9 @@
 //! leave nginx out), `TOKENMETER_BENCH_RELAY=1` (a bare TCP relay process as one more way: the
 //! cost of the hop alone), `TOKENMETER_BENCH_CANDIDATE=PATH` (another tokenmeter binary as one
 //! more way, `candidate`: two builds compared in one run), `TOKENMETER_BENCH_SAMPLES=400` (one-user
-//! requests per way), and `TOKENMETER_BENCH_PERF=DIR` (one extra, uncounted round per proxy
+//! requests per way), `TOKENMETER_BENCH_PIN=1` (the bench's own threads, load generator and mock,
+//! on CPU 0 and the proxies on CPU 1, with `taskset`: what each proxy adds when it does not
+//! share a core with the load; a diagnostic, not the issue's setup), and `TOKENMETER_BENCH_PERF=DIR` (one extra, uncounted round per proxy
 //! at the level nearest 512 streams under `perf record -g`, written to DIR).
 
 #[path = "overhead/load.rs"]
@@ -119,6 +121,16 @@ fn main() -> ExitCode {
     if let Some(candidate) = &candidate {
         proxies.push(("candidate", candidate));
     }
+    if params.pin {
+        let mut pins = vec![(std::process::id(), "0x1")];
+        pins.extend(proxies.iter().map(|(_, proxy)| (proxy.pid(), "0x2")));
+        for (pid, mask) in pins {
+            if let Err(why) = processes::pin(pid, mask) {
+                return fail(&why);
+            }
+        }
+        eprintln!("overhead bench: pinned: this process on CPU 0, the proxies on CPU 1");
+    }
     // Ways are built inside the runtime: hyper's client pool needs it.
     let measured = runtime.block_on(async {
         let mut ways = vec![Arc::new(Way::new("direct", upstream.addr, None))];
@@ -164,6 +176,7 @@ struct Params {
     rounds: usize,
     relay: bool,
     candidate: Option<PathBuf>,
+    pin: bool,
     perf_dir: Option<PathBuf>,
 }
 
@@ -220,6 +233,7 @@ impl Params {
             window: Duration::from_secs(if quick { 1 } else { 4 }),
             rounds: if quick { 1 } else { 2 },
             relay: flag("TOKENMETER_BENCH_RELAY"),
+            pin: flag("TOKENMETER_BENCH_PIN"),
             candidate: std::env::var_os("TOKENMETER_BENCH_CANDIDATE")
                 .filter(|p| !p.is_empty())
                 .map(PathBuf::from),
@@ -738,10 +752,14 @@ fn print_report(params: &Params, measured: &Measured, context: &Context) {
         params.levels.iter().copied().max().unwrap_or(0).max(16)
     );
     println!("- tokenmeter: this build's release binary on its embedded defaults (metrics and the live view on, no access log)");
-    println!(
-        "- {cores} core(s) shared by the proxies, the mock upstream and the load generator, all on loopback{}",
-        if params.quick { "; QUICK run" } else { "" }
-    );
+    if params.pin {
+        println!("- PINNED (TOKENMETER_BENCH_PIN): the load generator and the mock on CPU 0, the proxies on CPU 1; not issue 12's setup{}", if params.quick { "; QUICK run" } else { "" });
+    } else {
+        println!(
+            "- {cores} core(s) shared by the proxies, the mock upstream and the load generator, all on loopback{}",
+            if params.quick { "; QUICK run" } else { "" }
+        );
+    }
     println!(
         "- load average before and after: {} / {}",
         or_na(context.load_before.clone()),

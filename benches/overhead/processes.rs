@@ -329,3 +329,17 @@ pub(crate) fn relay_main(upstream: Option<&String>) -> Result<(), String> {
         }
     })
 }
+
+/// Pins every thread of process `pid` to the CPUs of `mask` (`taskset`, from util-linux).
+pub(crate) fn pin(pid: u32, mask: &str) -> Result<(), String> {
+    let status = Command::new("taskset")
+        .args(["-a", "-p", mask, &pid.to_string()])
+        .stdout(Stdio::null())
+        .status()
+        .map_err(|e| format!("cannot run taskset: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("taskset -a -p {mask} {pid} failed: {status}"))
+    }
+}
