@@ -32,7 +32,7 @@
 use serde::de::{Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
 
-use super::scan::{Cursor, Fields};
+use super::scan::{Cursor, Fields, Members};
 use super::{
     is_done, report_details, update, Alarm, Count, EngineReport, Finish, FinishReason, Index,
     OutputDetails, PromptDetails, Shape, Timings, ToolCalls, Tracks, Verdict,
@@ -88,40 +88,119 @@ impl Usage {
 impl Chunk {
     /// The chunk, read by the strict cursor when it can (the token chunks that are nearly all of
     /// a stream), else by serde_json; `None` when it is not a JSON object of this shape.
-    fn read(data: &[u8]) -> Option<Chunk> {
-        Chunk::scan(data).or_else(|| serde_json::from_slice(data).ok())
+    /// `prefix`: what the stream's chunks before this one began with (see [`Prefix`]).
+    fn read(data: &[u8], prefix: Option<&mut Prefix>) -> Option<Chunk> {
+        Chunk::scan(data, prefix).or_else(|| serde_json::from_slice(data).ok())
     }
 
     /// The cursor's reading (`scan`): `None` leaves the chunk to serde_json, which reads what
     /// the cursor does not: `usage`, `timings`, tool calls, and anything unusual.
-    fn scan(data: &[u8]) -> Option<Chunk> {
-        let mut cursor = Cursor::new(data)?;
-        let mut chunk = Chunk::default();
-        let mut fields = Fields::default();
-        let mut members = cursor.object()?;
-        while let Some(key) = cursor.key(&mut members)? {
+    fn scan(data: &[u8], prefix: Option<&mut Prefix>) -> Option<Chunk> {
+        // The bytes before `choices` repeat from chunk to chunk: read once, recognised after.
+        let known = prefix
+            .as_deref()
+            .filter(|p| data.starts_with(&p.bytes))
+            .and_then(|p| p.state);
+        let (mut cursor, mut state) = match known {
+            Some(state) => (Cursor::resume(data, state.at)?, state),
+            None => {
+                let mut cursor = Cursor::new(data)?;
+                let members = cursor.object()?;
+                let state = ScanState::start(members, cursor.position());
+                (cursor, state)
+            }
+        };
+        let mut choices_at = None;
+        loop {
+            let at = cursor.position();
+            let Some(key) = cursor.key(&mut state.members)? else {
+                break;
+            };
             match key {
                 b"choices" => {
-                    fields.first(0)?;
-                    chunk.choices = Choices::scan(&mut cursor)?;
+                    // The state just before this key is what a chunk with the same start has.
+                    if choices_at.is_none() && known.is_none() {
+                        choices_at = Some(ScanState { at, ..state });
+                    }
+                    state.fields.first(0)?;
+                    state.choices = Choices::scan(&mut cursor)?;
                 }
                 b"usage" | b"timings" => {
-                    fields.first(if key == b"usage" { 1 } else { 2 })?;
+                    state.fields.first(if key == b"usage" { 1 } else { 2 })?;
                     cursor.null()?;
                 }
                 b"error" => {
-                    fields.first(3)?;
-                    chunk.error = Alarm::error(cursor.raw()?);
+                    state.fields.first(3)?;
+                    state.error = Alarm::error(cursor.raw()?);
                 }
                 b"object" => {
-                    fields.first(4)?;
-                    chunk.object = Alarm::object(cursor.raw()?);
+                    state.fields.first(4)?;
+                    state.object = Alarm::object(cursor.raw()?);
                 }
                 _ => cursor.skip_value()?,
             }
         }
         cursor.end()?;
-        Some(chunk)
+        if let (Some(prefix), Some(before)) = (prefix, choices_at) {
+            // With the byte after: it is what ended the value before (`"created":123` read in
+            // a chunk that goes on `4,` is another number).
+            prefix.keep(&data[..=before.at], before);
+        }
+        Some(Chunk {
+            choices: state.choices,
+            error: state.error,
+            object: state.object,
+            ..Chunk::default()
+        })
+    }
+}
+
+/// The cursor's state in a chunk's top-level object.
+#[derive(Debug, Clone, Copy)]
+struct ScanState {
+    at: usize,
+    members: Members,
+    fields: Fields,
+    choices: Choices,
+    error: Alarm,
+    object: Alarm,
+}
+
+impl ScanState {
+    fn start(members: Members, at: usize) -> ScanState {
+        ScanState {
+            at,
+            members,
+            fields: Fields::default(),
+            choices: Choices::default(),
+            error: Alarm::default(),
+            object: Alarm::default(),
+        }
+    }
+}
+
+/// The start of a stream's last chunk up to its `choices` key (`id`, `object`, `created`,
+/// `model`: the same on every chunk of a stream) and the byte after it, and the cursor's state
+/// before that byte. A chunk that starts with the same bytes leaves the cursor in the same state
+/// (the cursor looks one byte ahead at most, to end a number), so its reading resumes there
+/// instead of reading them again: about half of a token chunk.
+#[derive(Debug, Default)]
+struct Prefix {
+    bytes: Vec<u8>,
+    state: Option<ScanState>,
+}
+
+/// Longer starts are read every time rather than kept.
+const MAX_PREFIX: usize = 256;
+
+impl Prefix {
+    fn keep(&mut self, bytes: &[u8], state: ScanState) {
+        if bytes.len() > MAX_PREFIX || self.bytes == bytes {
+            return;
+        }
+        self.bytes.clear();
+        self.bytes.extend_from_slice(bytes);
+        self.state = Some(state);
     }
 }
 
@@ -246,7 +325,7 @@ impl Message {
 }
 
 /// All choices of one chunk, folded as they are read: no `Vec` is built for them.
-#[derive(Debug, Default, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 struct Choices {
     /// Some chat message carried output.
     message_output: bool,
@@ -334,6 +413,7 @@ enum Flavour {
 #[derive(Debug, Default)]
 pub(in crate::parse) struct OpenAi {
     tracks: Tracks,
+    prefix: Prefix,
 }
 
 impl OpenAi {
@@ -369,7 +449,7 @@ impl OpenAi {
         if is_done(data) {
             return Verdict { end: true, ..base };
         }
-        let Some(chunk) = Chunk::read(data) else {
+        let Some(chunk) = Chunk::read(data, Some(&mut self.prefix)) else {
             return base;
         };
         let mut verdict = read(flavour, &chunk, base, report);
@@ -392,7 +472,7 @@ pub(super) fn completions_body(body: &[u8], report: &mut EngineReport) -> Verdic
 }
 
 fn parse(flavour: Flavour, json: &[u8], report: &mut EngineReport) -> Verdict {
-    match Chunk::read(json) {
+    match Chunk::read(json, None) {
         Some(chunk) => read(flavour, &chunk, Verdict::default(), report),
         None => Verdict::default(),
     }
@@ -769,7 +849,7 @@ mod tests {
     /// chunk, serde_json must read the same one (the cursor gives up on whatever it does not read
     /// as serde_json would). Returns whether the cursor read it.
     fn cursor_agrees(data: &[u8]) -> bool {
-        let Some(scanned) = Chunk::scan(data) else {
+        let Some(scanned) = Chunk::scan(data, None) else {
             return false;
         };
         let text = String::from_utf8_lossy(data);
@@ -843,7 +923,7 @@ mod tests {
             r#"[{"choices":[]}]"#,
             "[DONE]",
         ] {
-            assert!(Chunk::scan(data.as_bytes()).is_none(), "{data}");
+            assert!(Chunk::scan(data.as_bytes(), None).is_none(), "{data}");
         }
     }
 
@@ -883,6 +963,101 @@ mod tests {
                 }
             }
             cursor_agrees(&data);
+        }
+    }
+
+    /// Two readings of one payload agree: both refused, or the same chunk.
+    fn same_reading(a: Option<Chunk>, b: Option<Chunk>) -> bool {
+        match (a, b) {
+            (None, None) => true,
+            (Some(a), Some(b)) => {
+                (a.choices, a.error, a.object) == (b.choices, b.error, b.object)
+                    && a.usage.is_none() == b.usage.is_none()
+                    && a.timings.is_none() == b.timings.is_none()
+            }
+            _ => false,
+        }
+    }
+
+    #[test]
+    fn a_chunk_that_starts_like_the_last_one_is_read_from_where_it_differs() {
+        // A number ends where the byte after it says: the kept start takes that byte along.
+        let mut prefix = Prefix::default();
+        let shorter = br#"{"created":12,"choices":[]}"#;
+        assert!(Chunk::scan(shorter, Some(&mut prefix)).is_some());
+        let longer = br#"{"created":123,"choices":[]}"#;
+        assert!(Chunk::scan(longer, Some(&mut prefix)).is_some());
+
+        let mut prefix = Prefix::default();
+        let first = br#"{"id":"c1","created":123,"model":"m","choices":[{"index":0,"delta":{"content":"a"}}]}"#;
+        assert!(Chunk::scan(first, Some(&mut prefix)).is_some());
+        assert_eq!(prefix.bytes, br#"{"id":"c1","created":123,"model":"m","#);
+        let next = br#"{"id":"c1","created":123,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#;
+        let read = Chunk::scan(next, Some(&mut prefix)).unwrap();
+        assert_eq!(read.choices.finish, Some(FinishReason::Stop));
+        // The same start, then anything: read exactly as from the first byte.
+        for data in [
+            &br#"{"id":"c1","created":123,"model":"m","choices":[],"id":"again"}"#[..],
+            br#"{"id":"c1","created":123,"model":"m","created":1,"choices":[]}"#,
+            b"{\"id\":\"c1\",\"created\":123,\"model\":\"m\",\"choices\":[],\"x\":\"\xff\"}",
+            br#"{"id":"c1","created":123,"model":"m","choices":[]"#,
+            br#"{"id":"c1","created":123,"model":"m","choices":[],}"#,
+            br#"{"id":"c1","created":123,"model":"m","choices":[{"delta":{"content":"b"}}]} x"#,
+        ] {
+            let resumed = Chunk::scan(data, Some(&mut prefix));
+            let fresh = Chunk::scan(data, None);
+            assert!(
+                same_reading(resumed, fresh),
+                "{}",
+                String::from_utf8_lossy(data)
+            );
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(1000))]
+
+        /// A stream of chunks that share their start, some broken: each read from the kept
+        /// start exactly as it is read from its first byte (which the test above ties to
+        /// serde_json).
+        #[test]
+        fn resuming_after_a_kept_start_reads_as_reading_from_the_start(
+            pick in 0usize..64,
+            chunks in proptest::collection::vec(
+                proptest::collection::vec((0usize..400, 0usize..24, 0u8..4), 0..3),
+                1..6,
+            ),
+        ) {
+            const ALPHABET: &[u8] = b"{}[]\",:\\ 0-.eE19nutlfa\xff\x01";
+            let payloads = captured_payloads();
+            let base = if payloads.is_empty() {
+                br#"{"id":"x","object":"chat.completion.chunk","created":17,"model":"m","choices":[{"index":0,"delta":{"content":"a"}}]}"#.to_vec()
+            } else {
+                payloads[pick % payloads.len()].clone()
+            };
+            let mut prefix = Prefix::default();
+            for edits in std::iter::once(Vec::new()).chain(chunks) {
+                let mut data = base.clone();
+                for (at, symbol, kind) in edits {
+                    let at = at % (data.len() + 1);
+                    let byte = ALPHABET[symbol % ALPHABET.len()];
+                    match kind {
+                        0 if at < data.len() => data[at] = byte,
+                        1 => data.insert(at, byte),
+                        2 if at < data.len() => {
+                            data.remove(at);
+                        }
+                        _ => data.truncate(at),
+                    }
+                }
+                let resumed = Chunk::scan(&data, Some(&mut prefix));
+                let fresh = Chunk::scan(&data, None);
+                proptest::prop_assert!(
+                    same_reading(resumed, fresh),
+                    "{}",
+                    String::from_utf8_lossy(&data)
+                );
+            }
         }
     }
 }

@@ -31,6 +31,19 @@ impl<'a> Cursor<'a> {
         Some(Cursor { text, at: 0 })
     }
 
+    /// A cursor at `at` in `text`, whose bytes before `at` were read before (by a cursor whose
+    /// state there the caller kept): only the rest is checked for UTF-8. `at` must follow an
+    /// ASCII byte, as every position a cursor stops at between values does.
+    pub(super) fn resume(text: &'a [u8], at: usize) -> Option<Cursor<'a>> {
+        std::str::from_utf8(text.get(at..)?).ok()?;
+        Some(Cursor { text, at })
+    }
+
+    /// Where the cursor is.
+    pub(super) fn position(&self) -> usize {
+        self.at
+    }
+
     fn skip_whitespace(&mut self) {
         while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.text.get(self.at) {
             self.at += 1;
@@ -299,13 +312,14 @@ const STOPS: [bool; 256] = {
 };
 
 /// Where a cursor is among an object's members or an array's elements.
+#[derive(Debug, Clone, Copy)]
 pub(super) struct Members {
     first: bool,
 }
 
 /// The fields of one object a reading has taken, by the reading's own numbering (below 32):
 /// serde_json refuses a field named twice, so the cursor's reading gives such an object up.
-#[derive(Default)]
+#[derive(Debug, Default, Clone, Copy)]
 pub(super) struct Fields(u32);
 
 impl Fields {
