@@ -325,6 +325,9 @@ pub(crate) struct WriteQueue {
     pieces: VecDeque<Piece>,
     queued: usize,
     written: u64,
+    /// The chunk the last frame went into, while none of it has been written: where its size
+    /// line is in `pieces`, and its length.
+    open: Option<(usize, usize)>,
 }
 
 impl WriteQueue {
@@ -336,10 +339,12 @@ impl WriteQueue {
     }
 
     pub(crate) fn bytes(&mut self, bytes: Bytes) {
+        self.open = None;
         self.push(Piece::Bytes(bytes));
     }
 
     pub(crate) fn fixed(&mut self, bytes: &'static [u8]) {
+        self.open = None;
         self.push(Piece::Static(bytes));
     }
 
@@ -351,18 +356,39 @@ impl WriteQueue {
         }
     }
 
-    /// A frame of a body: as it is, or as one chunk (size line, frame, CRLF).
+    /// A frame of a body: as it is, or in a chunk (size line, frames, CRLF). Frames queued
+    /// together leave as one chunk, as nginx sends what it read at once: the bytes a client
+    /// decodes are the same, and a client that hands each chunk on separately (hyper's body
+    /// channel wakes its reader once per chunk) gets them in one go.
     pub(crate) fn data(&mut self, data: Bytes, chunked: bool) {
         if data.is_empty() {
             return;
         }
-        if chunked {
-            self.push(Piece::chunk_line(data.len()));
+        if !chunked {
+            self.open = None;
+            self.push(Piece::Bytes(data));
+            return;
+        }
+        if let Some((line, len)) = self.open {
+            // Grow the open chunk: a new size line, and its CRLF moves after this frame.
+            let total = len + data.len();
+            let before = self.pieces[line].as_slice().len();
+            self.pieces[line] = Piece::chunk_line(total);
+            self.queued = self.queued + self.pieces[line].as_slice().len() - before;
+            if self.pieces.pop_back().is_some() {
+                self.queued -= 2;
+            }
             self.push(Piece::Bytes(data));
             self.push(Piece::Static(b"\r\n"));
-        } else {
-            self.push(Piece::Bytes(data));
+            self.open = Some((line, total));
+            return;
         }
+        let line = self.pieces.len();
+        let len = data.len();
+        self.push(Piece::chunk_line(len));
+        self.push(Piece::Bytes(data));
+        self.push(Piece::Static(b"\r\n"));
+        self.open = Some((line, len));
     }
 
     /// Whether another frame may be taken: its pieces fit in one `writev` and fewer than
@@ -381,6 +407,15 @@ impl WriteQueue {
         self.queued
     }
 
+    /// What is queued, as one buffer.
+    #[cfg(test)]
+    fn queued_bytes(&self) -> Vec<u8> {
+        self.pieces
+            .iter()
+            .flat_map(|p| p.as_slice().to_vec())
+            .collect()
+    }
+
     /// Bytes written so far.
     pub(crate) fn written(&self) -> u64 {
         self.written
@@ -392,6 +427,8 @@ impl WriteQueue {
         stream: &TcpStream,
         cx: &mut Context<'_>,
     ) -> Poll<io::Result<()>> {
+        // What is written from here on may cut into the open chunk: it is closed.
+        self.open = None;
         while !self.pieces.is_empty() {
             ready!(stream.poll_write_ready(cx))?;
             let mut slices = [IoSlice::new(&[]); MAX_SLICES];
@@ -522,5 +559,52 @@ mod tests {
                 format!("{hex}\r\n").as_bytes()
             );
         }
+    }
+
+    #[test]
+    fn frames_queued_together_leave_as_one_chunk() {
+        let mut queue = WriteQueue::default();
+        queue.bytes(Bytes::from_static(b"HEAD\r\n\r\n"));
+        queue.data(Bytes::from_static(b"data: a\n\n"), true);
+        queue.data(Bytes::from(vec![b'x'; 300]), true);
+        queue.data(Bytes::from_static(b"data: b\n\n"), true);
+        let mut want = b"HEAD\r\n\r\n13E\r\ndata: a\n\n".to_vec();
+        want.extend_from_slice(&[b'x'; 300]);
+        want.extend_from_slice(b"data: b\n\n\r\n");
+        assert_eq!(queue.queued_bytes(), want);
+        assert_eq!(queue.queued(), want.len());
+        // Anything else queued closes the chunk: the last chunk, or a write.
+        queue.fixed(b"0\r\n\r\n");
+        queue.data(Bytes::from_static(b"z"), true);
+        assert!(queue.queued_bytes().ends_with(b"0\r\n\r\n1\r\nz\r\n"));
+        let mut queue = WriteQueue::default();
+        queue.data(Bytes::from_static(b"abc"), false);
+        queue.data(Bytes::from_static(b"de"), false);
+        assert_eq!(queue.queued_bytes(), b"abcde");
+    }
+
+    #[tokio::test]
+    async fn a_chunk_partly_written_is_not_grown() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (mut server, _) = listener.accept().await.unwrap();
+        let mut queue = WriteQueue::default();
+        queue.data(Bytes::from_static(b"one"), true);
+        std::future::poll_fn(|cx| queue.poll_write(&client, cx))
+            .await
+            .unwrap();
+        queue.data(Bytes::from_static(b"two"), true);
+        queue.data(Bytes::from_static(b"three"), true);
+        std::future::poll_fn(|cx| queue.poll_write(&client, cx))
+            .await
+            .unwrap();
+        drop(client);
+        let mut got = Vec::new();
+        tokio::io::AsyncReadExt::read_to_end(&mut server, &mut got)
+            .await
+            .unwrap();
+        assert_eq!(got, b"3\r\none\r\n8\r\ntwothree\r\n");
     }
 }
