@@ -6,8 +6,9 @@
 //! dispatcher between the body and the socket on every frame. Here a connection holds no buffer
 //! while it waits for a request (the read buffer is freed once the last head is consumed, as
 //! nginx does), the head is read into 1 KiB that grows only for a larger head, and the frames
-//! of a response are written straight from the upstream's read buffer: a chunk-size line, the
-//! frame, a CRLF, gathered with whatever else is ready into one `writev`.
+//! of a response are written straight from the upstream's read buffer, gathered with whatever
+//! else is ready into one `writev`; frames queued together go out as one chunk (one chunk-size
+//! line, the frames, a CRLF), as nginx sends what it read at once.
 //!
 //! What it speaks (RFC 9112): request heads parsed by `httparse` (at most
 //! `limits.max_request_head_bytes`, [`MAX_HEADERS`] fields; 431 beyond, 400 for what does not
