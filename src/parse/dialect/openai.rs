@@ -943,26 +943,32 @@ mod tests {
                 r#"{"choices":[{"text":"\n\u00e9x","index":2,"finish_reason":"stop"}],"error":null}"#,
                 r#"{"choices":[{"delta":{"reasoning_content":"hm","tool_calls":null},"finish_reason":""}],"x":[1,-2.5e3,{"y":[true,false]}]}"#,
             ];
-            const ALPHABET: &[u8] = b"{}[]\",:\\ 0-.eE19nutlfa\xff\x01";
             let payloads = captured_payloads();
             let mut data = if pick < BASES.len() || payloads.is_empty() {
                 BASES[pick % BASES.len()].as_bytes().to_vec()
             } else {
                 payloads[pick % payloads.len()].clone()
             };
-            for (at, symbol, kind) in edits {
-                let at = at % (data.len() + 1);
-                let byte = ALPHABET[symbol % ALPHABET.len()];
-                match kind {
-                    0 if at < data.len() => data[at] = byte,
-                    1 => data.insert(at, byte),
-                    2 if at < data.len() => {
-                        data.remove(at);
-                    }
-                    _ => data.truncate(at),
-                }
-            }
+            mutate(&mut data, &edits);
             cursor_agrees(&data);
+        }
+    }
+
+    /// Applies `(position, symbol, kind)` edits to a payload: a byte replaced, inserted or
+    /// removed, or the payload cut, with bytes that matter to JSON.
+    fn mutate(data: &mut Vec<u8>, edits: &[(usize, usize, u8)]) {
+        const ALPHABET: &[u8] = b"{}[]\",:\\ 0-.eE19nutlfa\xff\x01";
+        for &(at, symbol, kind) in edits {
+            let at = at % (data.len() + 1);
+            let byte = ALPHABET[symbol % ALPHABET.len()];
+            match kind {
+                0 if at < data.len() => data[at] = byte,
+                1 => data.insert(at, byte),
+                2 if at < data.len() => {
+                    data.remove(at);
+                }
+                _ => data.truncate(at),
+            }
         }
     }
 
@@ -1028,7 +1034,6 @@ mod tests {
                 1..6,
             ),
         ) {
-            const ALPHABET: &[u8] = b"{}[]\",:\\ 0-.eE19nutlfa\xff\x01";
             let payloads = captured_payloads();
             let base = if payloads.is_empty() {
                 br#"{"id":"x","object":"chat.completion.chunk","created":17,"model":"m","choices":[{"index":0,"delta":{"content":"a"}}]}"#.to_vec()
@@ -1038,18 +1043,7 @@ mod tests {
             let mut prefix = Prefix::default();
             for edits in std::iter::once(Vec::new()).chain(chunks) {
                 let mut data = base.clone();
-                for (at, symbol, kind) in edits {
-                    let at = at % (data.len() + 1);
-                    let byte = ALPHABET[symbol % ALPHABET.len()];
-                    match kind {
-                        0 if at < data.len() => data[at] = byte,
-                        1 => data.insert(at, byte),
-                        2 if at < data.len() => {
-                            data.remove(at);
-                        }
-                        _ => data.truncate(at),
-                    }
-                }
+                mutate(&mut data, &edits);
                 let resumed = Chunk::scan(&data, Some(&mut prefix));
                 let fresh = Chunk::scan(&data, None);
                 proptest::prop_assert!(
