@@ -375,8 +375,9 @@ impl WriteQueue {
             let before = self.pieces[line].as_slice().len();
             self.pieces[line] = Piece::chunk_line(total);
             self.queued = self.queued + self.pieces[line].as_slice().len() - before;
-            if self.pieces.pop_back().is_some() {
-                self.queued -= 2;
+            // Nothing was queued after the open chunk's CRLF (anything else closes it).
+            if let Some(crlf) = self.pieces.pop_back() {
+                self.queued -= crlf.as_slice().len();
             }
             self.push(Piece::Bytes(data));
             self.push(Piece::Static(b"\r\n"));

@@ -194,8 +194,9 @@ struct Prefix {
 const MAX_PREFIX: usize = 256;
 
 impl Prefix {
+    /// Called only after a reading from the first byte, so `bytes` differ from what is kept.
     fn keep(&mut self, bytes: &[u8], state: ScanState) {
-        if bytes.len() > MAX_PREFIX || self.bytes == bytes {
+        if bytes.len() > MAX_PREFIX {
             return;
         }
         self.bytes.clear();
