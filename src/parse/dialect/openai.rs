@@ -112,15 +112,18 @@ impl Chunk {
         };
         let mut choices_at = None;
         loop {
-            let at = cursor.position();
+            // The state just before a key: what a chunk with the same start up to here has.
+            let before = ScanState {
+                at: cursor.position(),
+                ..state
+            };
             let Some(key) = cursor.key(&mut state.members)? else {
                 break;
             };
             match key {
                 b"choices" => {
-                    // The state just before this key is what a chunk with the same start has.
                     if choices_at.is_none() && known.is_none() {
-                        choices_at = Some(ScanState { at, ..state });
+                        choices_at = Some(before);
                     }
                     state.fields.first(0)?;
                     state.choices = Choices::scan(&mut cursor)?;
@@ -1019,6 +1022,23 @@ mod tests {
                 String::from_utf8_lossy(data)
             );
         }
+    }
+
+    #[test]
+    fn a_stream_whose_chunks_start_with_choices_is_read_from_the_kept_start() {
+        // llama.cpp's server (and the overhead bench's mock) put `choices` first: the kept
+        // start is `{"`, and the cursor resumes before the first key.
+        let mut prefix = Prefix::default();
+        let first = br#"{"choices":[{"finish_reason":null,"index":0,"delta":{"content":"a"}}],"created":1,"id":"x"}"#;
+        assert!(Chunk::scan(first, Some(&mut prefix)).is_some());
+        assert_eq!(prefix.bytes, br#"{""#);
+        let next = br#"{"choices":[{"finish_reason":null,"index":0,"delta":{"content":"b"}}],"created":2,"id":"x"}"#;
+        let read = Chunk::scan(next, Some(&mut prefix)).expect("read from the kept start");
+        assert!(read.choices.message_content);
+        let last =
+            br#"{"choices":[{"finish_reason":"stop","index":0,"delta":{}}],"created":3,"id":"x"}"#;
+        let read = Chunk::scan(last, Some(&mut prefix)).expect("read from the kept start");
+        assert_eq!(read.choices.finish, Some(FinishReason::Stop));
     }
 
     proptest::proptest! {
