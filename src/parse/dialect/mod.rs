@@ -253,18 +253,28 @@ impl<'de> Deserialize<'de> for Shape {
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 struct Count(Option<u64>);
 
-impl<'de> Deserialize<'de> for Count {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let raw = <&'de RawValue>::deserialize(d)?.get();
+impl Count {
+    /// The count a JSON value's text gives, whatever reads it (serde_json or the cursor).
+    fn of(raw: &[u8]) -> Count {
+        let Ok(raw) = std::str::from_utf8(raw) else {
+            return Count(None);
+        };
         if let Ok(n) = raw.parse::<u64>() {
-            return Ok(Count(Some(n)));
+            return Count(Some(n));
         }
         // `20.0` from servers that count in floats.
         match raw.parse::<f64>() {
             // `as` saturates at `u64::MAX`, which no real count reaches.
-            Ok(f) if f.is_finite() && f >= 0.0 => Ok(Count(Some(f as u64))),
-            _ => Ok(Count(None)),
+            Ok(f) if f.is_finite() && f >= 0.0 => Count(Some(f as u64)),
+            _ => Count(None),
         }
+    }
+}
+
+impl<'de> Deserialize<'de> for Count {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = <&'de RawValue>::deserialize(d)?.get();
+        Ok(Count::of(raw.as_bytes()))
     }
 }
 
@@ -289,7 +299,7 @@ impl<'de, const SCALE: u64> Deserialize<'de> for Span<SCALE> {
 
 /// `usage.prompt_tokens_details` (OpenAI chat and completions) and
 /// `usage.input_tokens_details` (Responses API): only the cached count is read.
-#[derive(Deserialize)]
+#[derive(Deserialize, Debug, Default, Clone, Copy, PartialEq, Eq)]
 struct PromptDetails {
     #[serde(default)]
     cached_tokens: Count,
@@ -297,7 +307,7 @@ struct PromptDetails {
 
 /// `usage.completion_tokens_details` (OpenAI chat and completions) and
 /// `usage.output_tokens_details` (Responses API): only the reasoning count is read.
-#[derive(Deserialize)]
+#[derive(Deserialize, Debug, Default, Clone, Copy, PartialEq, Eq)]
 struct OutputDetails {
     #[serde(default)]
     reasoning_tokens: Count,

@@ -55,7 +55,7 @@ struct Chunk {
     timings: Option<Timings>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Debug, Default, Clone, Copy, PartialEq, Eq)]
 struct Usage {
     #[serde(default)]
     completion_tokens: Count,
@@ -74,6 +74,49 @@ struct Usage {
 }
 
 impl Usage {
+    /// `usage` as serde_json reads it into this struct (`null`: `None`), or `None` (the outer)
+    /// for anything it would not read the same way, which leaves the chunk to serde_json.
+    fn scan(cursor: &mut Cursor) -> Option<Option<Usage>> {
+        if cursor.peek()? == b'n' {
+            cursor.null()?;
+            return Some(None);
+        }
+        let mut members = cursor.object()?;
+        // serde_json refuses a field named twice: so does this reading.
+        let mut fields = Fields::default();
+        let mut usage = Usage::default();
+        while let Some(key) = cursor.key(&mut members)? {
+            let field = match key {
+                b"completion_tokens" => 0,
+                b"prompt_tokens" => 1,
+                b"reasoning_tokens" => 2,
+                b"prompt_cache_hit_tokens" => 3,
+                b"prompt_tokens_details" => 4,
+                b"completion_tokens_details" => 5,
+                _ => {
+                    cursor.skip_value()?;
+                    continue;
+                }
+            };
+            fields.first(field)?;
+            match field {
+                0 => usage.completion_tokens = Count::of(cursor.raw()?),
+                1 => usage.prompt_tokens = Count::of(cursor.raw()?),
+                2 => usage.reasoning_tokens = Count::of(cursor.raw()?),
+                3 => usage.prompt_cache_hit_tokens = Count::of(cursor.raw()?),
+                4 => {
+                    usage.prompt_tokens_details = details(cursor, b"cached_tokens")?
+                        .map(|cached_tokens| PromptDetails { cached_tokens });
+                }
+                _ => {
+                    usage.completion_tokens_details = details(cursor, b"reasoning_tokens")?
+                        .map(|reasoning_tokens| OutputDetails { reasoning_tokens });
+                }
+            }
+        }
+        Some(Some(usage))
+    }
+
     fn report(&self, report: &mut EngineReport) {
         update(&mut report.cached_tokens, self.prompt_cache_hit_tokens.0);
         update(&mut report.reasoning_tokens, self.reasoning_tokens.0);
@@ -85,6 +128,29 @@ impl Usage {
     }
 }
 
+/// A `*_details` object of usage with the one count read here, `name`, as serde_json reads it
+/// into an `Option` of a struct of that count: `Some(None)` for `null`, `None` (leave the chunk to
+/// serde_json) for anything but an object or null.
+fn details(cursor: &mut Cursor, name: &[u8]) -> Option<Option<Count>> {
+    if cursor.peek()? == b'n' {
+        cursor.null()?;
+        return Some(None);
+    }
+    let mut members = cursor.object()?;
+    let mut count = None;
+    while let Some(key) = cursor.key(&mut members)? {
+        if key == name {
+            if count.is_some() {
+                return None;
+            }
+            count = Some(Count::of(cursor.raw()?));
+        } else {
+            cursor.skip_value()?;
+        }
+    }
+    Some(Some(count.unwrap_or_default()))
+}
+
 impl Chunk {
     /// The chunk, read by the strict cursor when it can (the token chunks that are nearly all of
     /// a stream), else by serde_json; `None` when it is not a JSON object of this shape.
@@ -94,7 +160,7 @@ impl Chunk {
     }
 
     /// The cursor's reading (`scan`): `None` leaves the chunk to serde_json, which reads what
-    /// the cursor does not: `usage`, `timings`, tool calls, and anything unusual.
+    /// the cursor does not: `timings`, tool calls, and anything unusual.
     fn scan(data: &[u8], prefix: Option<&mut Prefix>) -> Option<Chunk> {
         // The bytes before `choices` repeat from chunk to chunk: read once, recognised after.
         let known = prefix
@@ -112,24 +178,30 @@ impl Chunk {
         };
         let mut choices_at = None;
         loop {
-            // The state just before a key: what a chunk with the same start up to here has.
-            let before = ScanState {
-                at: cursor.position(),
-                ..state
-            };
+            // Where this key starts, and whether it is the first member: with the rest of the
+            // state, what a chunk with the same start up to here has.
+            let (at, members) = (cursor.position(), state.members);
             let Some(key) = cursor.key(&mut state.members)? else {
                 break;
             };
             match key {
                 b"choices" => {
                     if choices_at.is_none() && known.is_none() {
-                        choices_at = Some(before);
+                        choices_at = Some(ScanState {
+                            at,
+                            members,
+                            ..state
+                        });
                     }
                     state.fields.first(0)?;
                     state.choices = Choices::scan(&mut cursor)?;
                 }
-                b"usage" | b"timings" => {
-                    state.fields.first(if key == b"usage" { 1 } else { 2 })?;
+                b"usage" => {
+                    state.fields.first(1)?;
+                    state.usage = Usage::scan(&mut cursor)?;
+                }
+                b"timings" => {
+                    state.fields.first(2)?;
                     cursor.null()?;
                 }
                 b"error" => {
@@ -151,6 +223,7 @@ impl Chunk {
         }
         Some(Chunk {
             choices: state.choices,
+            usage: state.usage,
             error: state.error,
             object: state.object,
             ..Chunk::default()
@@ -165,6 +238,7 @@ struct ScanState {
     members: Members,
     fields: Fields,
     choices: Choices,
+    usage: Option<Usage>,
     error: Alarm,
     object: Alarm,
 }
@@ -176,6 +250,7 @@ impl ScanState {
             members,
             fields: Fields::default(),
             choices: Choices::default(),
+            usage: None,
             error: Alarm::default(),
             object: Alarm::default(),
         }
@@ -865,7 +940,8 @@ mod tests {
             (read.error, read.object),
             "{text}"
         );
-        assert!(read.usage.is_none() && read.timings.is_none(), "{text}");
+        assert_eq!(scanned.usage, read.usage, "{text}");
+        assert!(read.timings.is_none(), "{text}");
         true
     }
 
@@ -908,13 +984,22 @@ mod tests {
             r#"{"choices":[{"index":1,"text":" x","finish_reason":"length"},{"index":0,"message":{"content":null,"reasoning":"r"}}]}"#,
             r#"{"choices":null,"object":"error","error":{"message":"boom"}}"#,
             r#" {"choices":[],"error":"","object":"x","timings":null} "#,
+            // Usage: the final chunk of most streams, and every chunk of vLLM's with
+            // `continuous_usage_stats`.
+            r#"{"choices":[],"usage":{"completion_tokens":3}}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":79,"completion_tokens":1,"total_tokens":80,"prompt_tokens_details":{"cached_tokens":64,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":12}}}"#,
+            r#"{"usage":{"prompt_tokens":"7","completion_tokens":20.0,"prompt_tokens_details":null,"reasoning_tokens":-1,"prompt_cache_hit_tokens":{}},"choices":[{"delta":{"content":"x"}}]}"#,
+            r#"{"choices":[],"usage":{"completion_tokens_details":{}}}"#,
         ] {
             assert!(cursor_agrees(data.as_bytes()), "{data}");
         }
         for data in [
-            // Left to serde_json: usage, timings, tool calls, escaped keys, a field twice, odd
-            // types, a number where an index is not a plain count.
-            r#"{"choices":[],"usage":{"completion_tokens":3}}"#,
+            // Left to serde_json: timings, tool calls, escaped keys, a field twice, odd types, a
+            // number where an index is not a plain count.
+            r#"{"choices":[],"usage":{"completion_tokens":3,"completion_tokens":4}}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens_details":{"cached_tokens":1,"cached_tokens":2}}}"#,
+            r#"{"choices":[],"usage":[3,4]}"#,
+            r#"{"choices":[],"usage":{"completion_tokens_details":[2]}}"#,
             r#"{"choices":[],"timings":{"predicted_n":3}}"#,
             r#"{"choices":[{"delta":{"tool_calls":[{"index":0}]}}]}"#,
             r#"{"ch\u006fices":[{"delta":{"content":"x"}}]}"#,
@@ -982,7 +1067,7 @@ mod tests {
             (None, None) => true,
             (Some(a), Some(b)) => {
                 (a.choices, a.error, a.object) == (b.choices, b.error, b.object)
-                    && a.usage.is_none() == b.usage.is_none()
+                    && a.usage == b.usage
                     && a.timings.is_none() == b.timings.is_none()
             }
             _ => false,
