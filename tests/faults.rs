@@ -98,12 +98,23 @@ async fn a_reused_connection_closed_before_answering_is_retried_once() {
     let closed = metric(&m, "tokenmeter_upstream_retries_total{reason=\"closed\"}");
     let not_sent = metric(&m, "tokenmeter_upstream_retries_total{reason=\"not_sent\"}");
     assert_eq!(closed + not_sent, retried.len() as f64, "{m}");
-    // Every retry is one more request the upstream saw.
-    let mut seen = 0;
-    while let Ok(Some(_)) = timeout(Duration::from_millis(100), up.seen.recv()).await {
-        seen += 1;
+    // Every retry is one more request the upstream saw, and the same request: its head as
+    // first sent, its body whole.
+    let mut seen = Vec::new();
+    while let Ok(Some(request)) = timeout(Duration::from_millis(100), up.seen.recv()).await {
+        seen.push(request);
     }
-    assert_eq!(seen, n + retried.len(), "upstream requests");
+    assert_eq!(seen.len(), n + retried.len(), "upstream requests");
+    let first = &seen[0];
+    assert!(
+        first.head.starts_with(&format!("POST {CHAT} HTTP/1.1")),
+        "{}",
+        first.head
+    );
+    for request in &seen {
+        assert_eq!(request.head, first.head);
+        assert_eq!(request.body, chat_request("m").as_bytes());
+    }
 }
 
 /// An upstream that closes every connection right after its response (what llama.cpp's server

@@ -26,7 +26,7 @@ use tokio::time::Instant;
 
 use super::error::Error;
 use super::request_body::{RequestBody, Retained, Upload, UpstreamBody};
-use super::upstream::{Checkout, Framing, Pool, PooledBody, UpstreamError};
+use super::upstream::{Checkout, Framing, Pool, PooledBody, Unsent};
 use crate::config::{Limits, Timeouts, Upstream};
 
 /// Retries by why they were needed, resolved once.
@@ -105,7 +105,6 @@ impl Forwarder {
             body.retain(retained.clone());
             retained
         });
-        let head = retained.as_ref().map(|_| clone_head(&parts));
         let request = self.upstream_request(parts, Either::Left(body));
         let received_before = checkout.conn.received();
         trip.reused = checkout.reused;
@@ -120,7 +119,7 @@ impl Forwarder {
                 return Ok(self.answered(response, checkout));
             }
             Err(Failure::TimedOut) => return Err(self.timed_out()),
-            Err(Failure::Upstream(error, unsent)) => {
+            Err(Failure::Upstream(Unsent { error, parts, body })) => {
                 let nothing_received = checkout.conn.received() == received_before;
                 // The client's own fault is the client's, whatever the connection did.
                 if let Some(fault) = upload.fault() {
@@ -129,15 +128,16 @@ impl Forwarder {
                         source: Box::new(error),
                     });
                 }
-                let replay = match (unsent, &retained, &head) {
+                // The head as it was sent goes again: only the body is to be had anew.
+                let replay = match (body, &retained) {
                     _ if !checkout.reused || !nothing_received => None,
-                    (Some(request), _, _) => {
+                    (Some(body), _) => {
                         self.retries.not_sent.inc();
-                        Some(*request)
+                        Some(Request::from_parts(*parts, body))
                     }
-                    (None, Some(retained), Some(head)) => retained.replay().map(|body| {
+                    (None, Some(retained)) => retained.replay().map(|body| {
                         self.retries.closed.inc();
-                        self.upstream_request(head.clone_parts(), Either::Right(body))
+                        Request::from_parts(*parts, Either::Right(body))
                     }),
                     _ => None,
                 };
@@ -162,7 +162,7 @@ impl Forwarder {
         match self.await_head(&mut checkout, again, upload).await {
             Ok(response) => Ok(self.answered(response, checkout)),
             Err(Failure::TimedOut) => Err(self.timed_out()),
-            Err(Failure::Upstream(error, _)) => match upload.fault() {
+            Err(Failure::Upstream(Unsent { error, .. })) => match upload.fault() {
                 Some(fault) => Err(Error::ClientBody {
                     fault,
                     source: Box::new(error),
@@ -206,7 +206,7 @@ impl Forwarder {
         };
         tokio::select! {
             biased;
-            sent = sent => sent.map_err(|(e, unsent)| Failure::Upstream(e, unsent)),
+            sent = sent => sent.map_err(Failure::Upstream),
             () = deadline => Err(Failure::TimedOut),
         }
     }
@@ -246,37 +246,8 @@ impl Forwarder {
 /// How one attempt failed.
 enum Failure {
     TimedOut,
-    /// The exchange failed; the request comes back when none of it was written (boxed: a
-    /// request head is large, and this is the rare path).
-    Upstream(UpstreamError, Option<Box<Request<UpstreamBody>>>),
-}
-
-/// A copy of a request head, for sending the request again.
-struct Head {
-    method: http::Method,
-    uri: Uri,
-    version: Version,
-    headers: HeaderMap,
-}
-
-fn clone_head(parts: &http::request::Parts) -> Head {
-    Head {
-        method: parts.method.clone(),
-        uri: parts.uri.clone(),
-        version: parts.version,
-        headers: parts.headers.clone(),
-    }
-}
-
-impl Head {
-    fn clone_parts(&self) -> http::request::Parts {
-        let mut request = Request::new(());
-        *request.method_mut() = self.method.clone();
-        *request.uri_mut() = self.uri.clone();
-        *request.version_mut() = self.version;
-        *request.headers_mut() = self.headers.clone();
-        request.into_parts().0
-    }
+    /// The exchange failed; its head comes back, and its body when none of it was written.
+    Upstream(Unsent),
 }
 
 /// A response's hop-by-hop headers go; and a response framed by `Transfer-Encoding` loses any

@@ -94,8 +94,13 @@ impl std::error::Error for UpstreamError {
     }
 }
 
-/// A failed exchange: why, and the request when none of it was written.
-pub(crate) type Unsent = (UpstreamError, Option<Box<Request<UpstreamBody>>>);
+/// A failed exchange: why, the request's head (as it was sent, for sending it again without
+/// a copy of it made for every request), and its body when none of the request was written.
+pub(crate) struct Unsent {
+    pub(crate) error: UpstreamError,
+    pub(crate) parts: Box<http::request::Parts>,
+    pub(crate) body: Option<UpstreamBody>,
+}
 
 /// How a response body is delimited (RFC 9112 §6.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -170,16 +175,12 @@ impl Conn {
         let (parts, mut body) = request.into_parts();
         let is_head = parts.method == Method::HEAD;
         let mut sending = Sending::new(&parts, &body);
-        let mut unsent = Some(parts);
         let result = std::future::poll_fn(|cx| {
             // Send what can be sent now; then see whether the answer has come.
             if !sending.done {
                 match sending.poll(&mut self.stream, &mut body, cx) {
                     Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                     Poll::Ready(Ok(())) | Poll::Pending => {}
-                }
-                if sending.written() > 0 {
-                    unsent = None;
                 }
             }
             loop {
@@ -208,10 +209,13 @@ impl Conn {
                 self.reusable = keep_alive && sending.done && framing != Framing::Close;
                 Ok((response, framing))
             }
-            Err(e) => {
+            Err(error) => {
                 self.reusable = false;
-                let unsent = unsent.map(|parts| Box::new(Request::from_parts(parts, body)));
-                Err((e, unsent))
+                Err(Unsent {
+                    error,
+                    parts: Box::new(parts),
+                    body: (sending.written() == 0).then_some(body),
+                })
             }
         }
     }
