@@ -133,7 +133,7 @@ impl Forwarder {
                     _ if !checkout.reused || !nothing_received => None,
                     (Some(body), _) => {
                         self.retries.not_sent.inc();
-                        Some(Request::from_parts(*parts, body))
+                        Some(Request::from_parts(*parts, *body))
                     }
                     (None, Some(retained)) => retained.replay().map(|body| {
                         self.retries.closed.inc();

@@ -99,7 +99,7 @@ impl std::error::Error for UpstreamError {
 pub(crate) struct Unsent {
     pub(crate) error: UpstreamError,
     pub(crate) parts: Box<http::request::Parts>,
-    pub(crate) body: Option<UpstreamBody>,
+    pub(crate) body: Option<Box<UpstreamBody>>,
 }
 
 /// How a response body is delimited (RFC 9112 §6.3).
@@ -214,7 +214,7 @@ impl Conn {
                 Err(Unsent {
                     error,
                     parts: Box::new(parts),
-                    body: (sending.written() == 0).then_some(body),
+                    body: (sending.written() == 0).then(|| Box::new(body)),
                 })
             }
         }
@@ -755,7 +755,7 @@ mod tests {
             .conn
             .exchange(request(method, Vec::new()))
             .await
-            .map_err(|(e, _)| e)?;
+            .map_err(|unsent| unsent.error)?;
         let mut body = PooledBody::new(checkout.conn, framing, pool.clone());
         let mut frames = Vec::new();
         while let Some(frame) = body.frame().await {
@@ -815,7 +815,7 @@ mod tests {
             .conn
             .exchange(request(Method::POST, Vec::new()))
             .await
-            .map_err(|(e, _)| e)
+            .map_err(|unsent| unsent.error)
             .unwrap();
         let mut body = PooledBody::new(checkout.conn, framing, pool.clone());
         // The head may come alone; wait for the data frame.
@@ -939,7 +939,7 @@ mod tests {
             .conn
             .exchange(request(Method::POST, body))
             .await
-            .map_err(|(e, _)| e)
+            .map_err(|unsent| unsent.error)
             .unwrap();
         assert_eq!(head.status(), StatusCode::NO_CONTENT);
         assert_eq!(framing, Framing::Empty);
