@@ -65,6 +65,8 @@ struct Active {
 
     status: Option<StatusCode>,
     handles: Option<Arc<RequestMetrics>>,
+    /// The request's model may take a label of its own: the upstream answered with success.
+    admit: bool,
     reader: Option<StreamReader>,
     t_first_byte: Option<Instant>,
     t_first_token: Option<Instant>,
@@ -167,6 +169,7 @@ impl Recorder {
             in_flight_at_start: 0,
             status: None,
             handles: None,
+            admit: false,
             reader: None,
             t_first_byte: None,
             t_first_token: None,
@@ -211,7 +214,7 @@ impl Recorder {
         self.model.clone()
     }
 
-    /// The response head arrived: choose how to read the body and resolve the metric handles.
+    /// The response head arrived: choose how to read the body, and whether its model may take a label.
     pub fn on_head(&mut self, status: StatusCode, headers: &HeaderMap) {
         if let Some(state) = self.state.as_mut() {
             state.on_head(status, headers);
@@ -320,15 +323,18 @@ impl Active {
         }
         // Only a model the upstream answered with success gets a label of its own: names
         // from requests it refused (a typo, junk) never take a slot.
-        self.resolve_handles(status.is_success());
+        self.admit = status.is_success();
     }
 
-    /// The metric handles, resolved once: at the response head, or at finish when no head came.
-    /// `admit`: the model may take a new label (the upstream answered with success).
-    fn resolve_handles(&mut self, admit: bool) -> &RequestMetrics {
+    /// The metric handles, resolved once, when first needed: at the first inter-token gap or
+    /// at finish, not on the way to the first token (two locks and two hash lookups there).
+    fn resolve_handles(&mut self) -> &RequestMetrics {
         if self.handles.is_none() {
             let route = self.route().name.clone();
-            let handles = self.meter.metrics.request(route, self.model.get(), admit);
+            let handles = self
+                .meter
+                .metrics
+                .request(route, self.model.get(), self.admit);
             self.handles = Some(handles);
         }
         self.handles.as_ref().expect("set above")
@@ -369,7 +375,7 @@ impl Active {
             }
             self.itl.add_zeros(zero_gaps);
             if self.itl_local.is_none() {
-                self.itl_local = Some(self.resolve_handles(false).itl.local());
+                self.itl_local = Some(self.resolve_handles().itl.local());
             }
             if let Some(itl) = &self.itl_local {
                 if let Some(gap) = gap {
@@ -480,7 +486,7 @@ impl Active {
         if let Some(itl) = &self.itl_local {
             itl.flush();
         }
-        let h = self.resolve_handles(false);
+        let h = self.resolve_handles();
         let secs = |d: Duration| d.as_secs_f64();
         if let Some(d) = f.ttfb {
             h.ttfb.observe(secs(d));
@@ -525,7 +531,7 @@ impl Active {
                 itl: &self.itl,
             },
         );
-        let h = self.resolve_handles(false);
+        let h = self.resolve_handles();
         match &verdict {
             Some(Verdict::Good) => {
                 h.slo_eligible.inc();
@@ -750,6 +756,25 @@ mod tests {
     }
 
     /// Nothing reaches a request after its finish: frames, heads and a second finish are ignored.
+    #[tokio::test(start_paused = true)]
+    async fn only_a_model_the_upstream_answered_takes_a_label() {
+        // The handles are resolved after the response head (at the first gap or at finish),
+        // with what the head said.
+        let (meter, _records) = meter("");
+        for (model, status) in [("typo", StatusCode::NOT_FOUND), ("llama-3", StatusCode::OK)] {
+            let mut recorder = start(&meter);
+            recorder.model_slot().decide(Some(model));
+            recorder.on_head(status, &sse_head());
+            recorder.on_data(&chunk("a"), Instant::now());
+            tokio::time::advance(Duration::from_millis(20)).await;
+            recorder.on_data(&chunk("b"), Instant::now());
+            recorder.finish(End::Complete, Instant::now());
+        }
+        let text = String::from_utf8(meter.metrics.render()).unwrap();
+        assert!(text.contains(r#"model="llama-3""#), "{text}");
+        assert!(!text.contains(r#"model="typo""#), "{text}");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn nothing_touches_a_finished_request() {
         let (meter, records) = meter("");
