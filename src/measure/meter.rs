@@ -6,15 +6,18 @@ use std::sync::Arc;
 
 use super::engine_state::EngineCell;
 use crate::config::Config;
-use crate::policy::route::Router;
+use crate::policy::route::{RouteInfo, Router};
 use crate::publish::live::LiveStats;
-use crate::publish::metrics::Metrics;
+use crate::publish::metrics::{InFlight, Metrics};
 use crate::publish::record::RecordSink;
+use prometheus::IntGauge;
 
 /// The routes a request is judged by and where it is published; one per configuration
 /// generation, shared by every request that started under it.
 pub struct Meter {
     pub(crate) router: Router,
+    /// Each route's in-flight gauge, resolved once (a labelled lookup is a hash and a lock).
+    in_flight: Vec<(Arc<RouteInfo>, IntGauge)>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) access_log: Option<RecordSink>,
     /// The live view's windows: one per process, carried across reloads.
@@ -30,19 +33,55 @@ pub struct Meter {
 }
 
 impl Meter {
+    /// A meter for `router`, publishing to these sinks.
+    pub(crate) fn new(
+        router: Router,
+        metrics: Arc<Metrics>,
+        access_log: Option<RecordSink>,
+        live: Arc<LiveStats>,
+        max_event_bytes: usize,
+        in_flight_total: Arc<AtomicI64>,
+        engine: Arc<EngineCell>,
+    ) -> Meter {
+        let in_flight = router
+            .routes()
+            .map(|route| (route.clone(), metrics.in_flight_gauge(&route.name)))
+            .collect();
+        Meter {
+            router,
+            in_flight,
+            metrics,
+            access_log,
+            live,
+            max_event_bytes,
+            in_flight_total,
+            engine,
+        }
+    }
+
+    /// Counts a request in flight on `route` until the guard is dropped.
+    pub(crate) fn in_flight(&self, route: &Arc<RouteInfo>) -> InFlight {
+        let gauge = self
+            .in_flight
+            .iter()
+            .find(|(r, _)| Arc::ptr_eq(r, route))
+            .map(|(_, gauge)| gauge.clone());
+        InFlight::new(gauge.unwrap_or_else(|| self.metrics.in_flight_gauge(&route.name)))
+    }
+
     /// A meter of its own, outside any proxy: the default routes, a registry of its own and no
     /// per-request record. For tests and benchmarks that drive a [`Recorder`](super::Recorder)
     /// directly.
     pub fn detached(max_event_bytes: usize) -> Meter {
         let config = Config::default();
-        Meter {
-            router: Router::new(&config.routes),
-            metrics: Arc::new(Metrics::new(&config)),
-            access_log: None,
-            live: Default::default(),
+        Meter::new(
+            Router::new(&config.routes),
+            Arc::new(Metrics::new(&config)),
+            None,
+            Default::default(),
             max_event_bytes,
-            in_flight_total: Default::default(),
-            engine: Default::default(),
-        }
+            Default::default(),
+            Default::default(),
+        )
     }
 }

@@ -270,7 +270,7 @@ impl Drop for Recorder {
 
 impl Active {
     fn take_route(&mut self, route: Arc<RouteInfo>) {
-        let in_flight = self.meter.metrics.in_flight(&route.name);
+        let in_flight = self.meter.in_flight(&route);
         self.in_flight_at_start = in_flight.current();
         self.in_flight = Some(in_flight);
         self.route = Some(route);

@@ -277,16 +277,15 @@ fn build(
             },
         )),
     };
-    let meter = Meter {
-        router: Router::new(&config.routes),
-        metrics: metrics.clone(),
+    let meter = Meter::new(
+        Router::new(&config.routes),
+        metrics.clone(),
         access_log,
-        live: previous.map_or_else(Default::default, |p| p.meter.live.clone()),
-        max_event_bytes: config.stream.max_event_bytes,
-        in_flight_total: previous
-            .map_or_else(Default::default, |p| p.meter.in_flight_total.clone()),
-        engine: previous.map_or_else(Default::default, |p| p.meter.engine.clone()),
-    };
+        previous.map_or_else(Default::default, |p| p.meter.live.clone()),
+        config.stream.max_event_bytes,
+        previous.map_or_else(Default::default, |p| p.meter.in_flight_total.clone()),
+        previous.map_or_else(Default::default, |p| p.meter.engine.clone()),
+    );
     Ok(Generation {
         meter: Arc::new(meter),
         forwarder,

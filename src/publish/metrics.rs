@@ -255,6 +255,12 @@ pub(crate) struct InFlight {
 }
 
 impl InFlight {
+    /// Counts a request in `gauge` until dropped.
+    pub(crate) fn new(gauge: IntGauge) -> InFlight {
+        gauge.inc();
+        InFlight { gauge }
+    }
+
     /// The route's in-flight count, this request included.
     pub(crate) fn current(&self) -> i64 {
         self.gauge.get()
@@ -615,10 +621,9 @@ impl Metrics {
         self.upstream_retries.with_label_values(&[reason])
     }
 
-    pub(crate) fn in_flight(&self, route: &str) -> InFlight {
-        let gauge = self.in_flight.with_label_values(&[route]);
-        gauge.inc();
-        InFlight { gauge }
+    /// A route's series of `tokenmeter_in_flight_requests`, for resolving once per route.
+    pub(crate) fn in_flight_gauge(&self, route: &str) -> IntGauge {
+        self.in_flight.with_label_values(&[route])
     }
 
     /// The route's in-flight count now.
@@ -937,7 +942,7 @@ mod tests {
         r.ttft.observe(0.2);
         m.request(Arc::from("default"), Some("llama"), true)
             .count_outcome("ok");
-        let _g = m.in_flight("default");
+        let _g = InFlight::new(m.in_flight_gauge("default"));
         let text = String::from_utf8(m.render()).unwrap();
         for name in [
             "tokenmeter_requests_total{model=\"llama\",outcome=\"ok\",route=\"default\"} 1",
