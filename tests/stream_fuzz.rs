@@ -537,7 +537,7 @@ fn forward(
         frames: frames.iter().cloned().collect(),
         broken: ending == Ending::Broken,
     };
-    let mut body = TimedBody::new(upstream, recorder, None);
+    let mut body = Box::pin(TimedBody::new(upstream, recorder, None));
     let waker = Waker::from(Arc::new(Never));
     let mut cx = Context::from_waker(&waker);
     let mut got = Vec::new();
@@ -546,7 +546,7 @@ fn forward(
         _ => usize::MAX,
     };
     while got.len() < keep {
-        match Pin::new(&mut body).poll_frame(&mut cx) {
+        match body.as_mut().poll_frame(&mut cx) {
             Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
                 Ok(data) => got.push(data),
                 Err(_) => panic!("only data frames were sent"),

@@ -29,8 +29,10 @@ pin_project! {
         idle: Option<Duration>,
         // When the last frame arrived (or the body started).
         last: Instant,
-        // Armed on the first wait, moved only when it fires early.
-        timer: Option<Pin<Box<Sleep>>>,
+        // Armed on the first wait, moved only when it fires early. In the body itself, not
+        // boxed: checked on every wait, one heap object fewer to reach.
+        #[pin]
+        timer: Option<Sleep>,
     }
 }
 
@@ -104,19 +106,26 @@ impl<B: Body<Data = Bytes>> Body for TimedBody<B> {
                 // since the last frame: frames themselves never touch it. A timer that has been
                 // polled keeps this task's waker until it fires, so until then it is not polled
                 // again (each poll re-registers the waker: a cost on every frame's wake-up).
-                if this.timer.as_ref().is_some_and(|t| !t.is_elapsed()) {
+                if this
+                    .timer
+                    .as_ref()
+                    .get_ref()
+                    .as_ref()
+                    .is_some_and(|t| !t.is_elapsed())
+                {
                     return Poll::Pending;
                 }
                 loop {
                     let deadline = *this.last + idle;
-                    let timer = this
-                        .timer
-                        .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+                    if this.timer.is_none() {
+                        this.timer.set(Some(tokio::time::sleep_until(deadline)));
+                    }
+                    let mut timer = this.timer.as_mut().as_pin_mut().expect("armed above");
                     ready!(timer.as_mut().poll(cx));
                     if Instant::now() >= deadline {
                         break;
                     }
-                    timer.as_mut().reset(deadline);
+                    timer.reset(deadline);
                 }
                 this.recorder.finish(End::UpstreamIdle, Instant::now());
                 return Poll::Ready(Some(Err(TimedBodyError::Idle(idle))));
@@ -194,7 +203,7 @@ mod tests {
             steps: steps.into(),
             sleep: None,
         };
-        let mut body = TimedBody::new(scripted, recorder, None);
+        let mut body = Box::pin(TimedBody::new(scripted, recorder, None));
         let mut n = 0;
         while let Some(frame) = body.frame().await {
             frame.unwrap();
