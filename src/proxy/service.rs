@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::{header, HeaderValue, Method, Request, Response, Version};
+use http::{header, Method, Request, Response, Version};
 use http_body_util::{Either, Full};
 use tokio::time::Instant;
 
@@ -31,24 +31,17 @@ pub(crate) type ProxyBody = Either<TimedBody<PooledBody>, Full<Bytes>>;
 #[derive(Clone)]
 pub(crate) struct Proxy {
     generations: Arc<Generations>,
-    /// The last `Host` this connection sent that was valid: a client names the same host on
-    /// every request, and checking it means parsing it into an owned copy.
-    host: Option<HeaderValue>,
 }
 
 impl Proxy {
     pub(crate) fn new(generations: Arc<Generations>) -> Self {
-        Proxy {
-            generations,
-            host: None,
-        }
+        Proxy { generations }
     }
 }
 
 /// A request the proxy will not forward as it is: `CONNECT` (it does not tunnel), and an
-/// HTTP/1.1 request without exactly one valid `Host` (RFC 9112 §3.2). `known`: a `Host` found
-/// valid before (and kept when this one is).
-fn refusal(request: &Request<ClientBody>, known: &mut Option<HeaderValue>) -> Option<Error> {
+/// HTTP/1.1 request without exactly one valid `Host` (RFC 9112 §3.2).
+fn refusal(request: &Request<ClientBody>) -> Option<Error> {
     if request.method() == Method::CONNECT {
         return Some(Error::MethodNotAllowed {
             method: request.method().clone(),
@@ -62,20 +55,16 @@ fn refusal(request: &Request<ClientBody>, known: &mut Option<HeaderValue>) -> Op
         (None, _) if request.version() == Version::HTTP_11 => Some(Error::BadRequest {
             message: "an HTTP/1.1 request needs a Host header (RFC 9112 §3.2)",
         }),
-        (Some(host), None) if known.as_ref() != Some(host) => {
-            let valid = host
+        (Some(host), None)
+            if host
                 .to_str()
                 .ok()
                 .and_then(|h| h.parse::<http::uri::Authority>().ok())
-                .is_some_and(|a| !a.as_str().contains('@'));
-            if valid {
-                *known = Some(host.clone());
-                None
-            } else {
-                Some(Error::BadRequest {
-                    message: "the Host header is not a valid host[:port] (RFC 9112 §3.2)",
-                })
-            }
+                .is_none_or(|a| a.as_str().contains('@')) =>
+        {
+            Some(Error::BadRequest {
+                message: "the Host header is not a valid host[:port] (RFC 9112 §3.2)",
+            })
         }
         _ => None,
     }
@@ -99,7 +88,7 @@ impl tower::Service<Request<ClientBody>> for Proxy {
             request.uri(),
             request.headers(),
         );
-        if let Some(error) = refusal(&request, &mut self.host) {
+        if let Some(error) = refusal(&request) {
             tracing::debug!(error = %error, "refusing a request");
             recorder.finish(error.end(), Instant::now());
             return Box::pin(std::future::ready(Ok(error
@@ -157,39 +146,5 @@ impl tower::Service<Request<ClientBody>> for Proxy {
                 }
             }
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn request(hosts: &[&str]) -> Request<ClientBody> {
-        let mut request = Request::new(ClientBody::whole(None));
-        for host in hosts {
-            request
-                .headers_mut()
-                .append(header::HOST, HeaderValue::from_str(host).unwrap());
-        }
-        request
-    }
-
-    #[test]
-    fn a_valid_host_is_kept_for_the_connection_and_any_other_still_checked() {
-        let mut known = None;
-        assert!(refusal(&request(&["a:8000"]), &mut known).is_none());
-        assert_eq!(known, Some(HeaderValue::from_static("a:8000")));
-        // The same host again: valid without a second parse.
-        assert!(refusal(&request(&["a:8000"]), &mut known).is_none());
-        // Another one is checked, and a bad one refused and not kept.
-        for bad in ["user@a", "a b", "a/b"] {
-            assert!(refusal(&request(&[bad]), &mut known).is_some(), "{bad}");
-        }
-        assert_eq!(known, Some(HeaderValue::from_static("a:8000")));
-        assert!(refusal(&request(&["b"]), &mut known).is_none());
-        assert_eq!(known, Some(HeaderValue::from_static("b")));
-        // Two, or none on HTTP/1.1, are refused whatever was known.
-        assert!(refusal(&request(&["b", "b"]), &mut known).is_some());
-        assert!(refusal(&request(&[]), &mut known).is_some());
     }
 }
