@@ -4,13 +4,14 @@
 use std::sync::atomic::AtomicI64;
 use std::sync::Arc;
 
+use prometheus::IntGauge;
+
 use super::engine_state::EngineCell;
 use crate::config::Config;
 use crate::policy::route::{RouteInfo, Router};
 use crate::publish::live::LiveStats;
 use crate::publish::metrics::{InFlight, Metrics};
 use crate::publish::record::RecordSink;
-use prometheus::IntGauge;
 
 /// The routes a request is judged by and where it is published; one per configuration
 /// generation, shared by every request that started under it.

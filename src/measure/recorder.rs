@@ -216,7 +216,8 @@ impl Recorder {
         self.model.clone()
     }
 
-    /// The response head arrived: choose how to read the body, and whether its model may take a label.
+    /// The response head arrived: choose how to read the body, and whether the request's model
+    /// may take a label of its own.
     pub fn on_head(&mut self, status: StatusCode, headers: &HeaderMap) {
         if let Some(state) = self.state.as_mut() {
             state.on_head(status, headers);
