@@ -177,6 +177,9 @@ impl Chunk {
             }
         };
         let mut choices_at = None;
+        // Not part of the state a chunk start is kept with (it is copied for every chunk), so a
+        // start that holds a usage is not kept: usage comes after `choices`, if at all.
+        let mut usage = None;
         loop {
             // Where this key starts, and whether it is the first member: with the rest of the
             // state, what a chunk with the same start up to here has.
@@ -186,7 +189,7 @@ impl Chunk {
             };
             match key {
                 b"choices" => {
-                    if choices_at.is_none() && known.is_none() {
+                    if choices_at.is_none() && known.is_none() && usage.is_none() {
                         choices_at = Some(ScanState {
                             at,
                             members,
@@ -198,7 +201,7 @@ impl Chunk {
                 }
                 b"usage" => {
                     state.fields.first(1)?;
-                    state.usage = Usage::scan(&mut cursor)?;
+                    usage = Usage::scan(&mut cursor)?;
                 }
                 b"timings" => {
                     state.fields.first(2)?;
@@ -223,7 +226,7 @@ impl Chunk {
         }
         Some(Chunk {
             choices: state.choices,
-            usage: state.usage,
+            usage,
             error: state.error,
             object: state.object,
             ..Chunk::default()
@@ -238,7 +241,6 @@ struct ScanState {
     members: Members,
     fields: Fields,
     choices: Choices,
-    usage: Option<Usage>,
     error: Alarm,
     object: Alarm,
 }
@@ -250,7 +252,6 @@ impl ScanState {
             members,
             fields: Fields::default(),
             choices: Choices::default(),
-            usage: None,
             error: Alarm::default(),
             object: Alarm::default(),
         }
@@ -1124,6 +1125,28 @@ mod tests {
             br#"{"choices":[{"finish_reason":"stop","index":0,"delta":{}}],"created":3,"id":"x"}"#;
         let read = Chunk::scan(last, Some(&mut prefix)).expect("read from the kept start");
         assert_eq!(read.choices.finish, Some(FinishReason::Stop));
+    }
+
+    #[test]
+    fn a_chunk_start_that_holds_a_usage_is_not_kept() {
+        // vLLM's continuous usage stats put usage on every chunk; were it before `choices`,
+        // each chunk's own usage must be read, never one kept from the chunk before.
+        let mut prefix = Prefix::default();
+        let first = br#"{"usage":{"completion_tokens":1},"choices":[{"delta":{"content":"a"}}]}"#;
+        let read = Chunk::scan(first, Some(&mut prefix)).unwrap();
+        assert_eq!(read.usage.unwrap().completion_tokens, Count(Some(1)));
+        assert!(prefix.bytes.is_empty());
+        // The same start again: read whole, usage included.
+        let next = br#"{"usage":{"completion_tokens":1},"choices":[{"delta":{"content":"b"}}]}"#;
+        let read = Chunk::scan(next, Some(&mut prefix)).unwrap();
+        assert_eq!(read.usage.unwrap().completion_tokens, Count(Some(1)));
+        // `"usage":null` before `choices` holds nothing: that start is kept.
+        let null = br#"{"usage":null,"choices":[{"delta":{"content":"c"}}]}"#;
+        assert!(Chunk::scan(null, Some(&mut prefix))
+            .unwrap()
+            .usage
+            .is_none());
+        assert_eq!(prefix.bytes, br#"{"usage":null,"#);
     }
 
     proptest::proptest! {
