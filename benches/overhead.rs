@@ -21,8 +21,9 @@
 //! more way, `candidate`: two builds compared in one run), `TOKENMETER_BENCH_SAMPLES=400` (one-user
 //! requests per way), `TOKENMETER_BENCH_PIN=1` (the bench's own threads, load generator and mock,
 //! on CPU 0 and the proxies on CPU 1, with `taskset`: what each proxy adds when it does not
-//! share a core with the load; a diagnostic, not the setup), and `TOKENMETER_BENCH_PERF=DIR` (one extra, uncounted round per proxy
-//! at the level nearest 512 streams under `perf record -g`, written to DIR).
+//! share a core with the load; a diagnostic, not the setup), and
+//! `TOKENMETER_BENCH_PERF=DIR` (one extra, uncounted round per proxy at the level nearest 512
+//! streams under `perf record -g`, written to DIR).
 
 #[path = "overhead/load.rs"]
 mod load;
