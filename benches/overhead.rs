@@ -1,12 +1,13 @@
 //! What the proxy costs, against the floor a user would otherwise put there: `cargo bench
 //! --bench overhead`.
 //!
-//! One run sends the same load three ways, all on loopback: straight to a paced mock upstream in
+//! One run sends the same load four ways, all on loopback: straight to a paced mock upstream in
 //! this process (the baseline), through nginx (one worker, keep-alive upstream, `proxy_buffering
-//! off`: the pass-through floor, which measures nothing) and through the real `tokenmeter`
-//! release binary. Both proxies are child processes, so their CPU time and RSS are their own. It
-//! prints one Markdown table for the README, each figure for the three ways with tokenmeter's
-//! ratio to nginx: added TTFT at one user (the ways alternating request by request), proxy CPU
+//! off`: the pass-through floor, which measures nothing), through the real `tokenmeter` release
+//! binary with one worker (the same resources as nginx's), and through it on its default worker
+//! count (one per CPU). The proxies are child processes, so their CPU time and RSS are their
+//! own. It prints one Markdown table for the README, each figure for every way with
+//! tokenmeter's (one worker) ratio to nginx: added TTFT at one user (the ways alternating request by request), proxy CPU
 //! seconds per 1,000 frames and proxy RSS at 128, 512, 1,024 and 2,048 concurrent streams, and at
 //! the top level (2,048 streams saturate a 2-core machine: proxy, mock and load generator share
 //! it) the frames per second delivered and the share of streams that stalled. Details, the
@@ -22,7 +23,8 @@
 //! requests per way), `TOKENMETER_BENCH_PIN=1` (the bench's own threads, load generator and mock,
 //! on CPU 0 and the proxies on CPU 1, with `taskset`: what each proxy adds when it does not
 //! share a core with the load; a diagnostic, not the issue's setup), and
-//! `TOKENMETER_BENCH_PERF=DIR` (one extra, uncounted round per proxy at the level nearest 512
+//! `TOKENMETER_BENCH_DEFAULT_WORKERS=0` (leave out the way that runs tokenmeter on its default
+//! worker count), `TOKENMETER_BENCH_PERF=DIR` (one extra, uncounted round per proxy at the level nearest 512
 //! streams under `perf record -g`, written to DIR).
 
 #[path = "overhead/load.rs"]
@@ -47,6 +49,9 @@ use load::{Concurrent, PerfRequest, RoundShape, SingleUser, Way, Workload};
 use processes::ProxyProcess;
 use upstream::{Upstream, FRAMING_EVENTS};
 
+/// The way that runs tokenmeter on its default worker count (one per CPU).
+const DEFAULT_WORKERS_WAY: &str = "tokenmeter, per-CPU workers";
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--relay-for") {
@@ -60,11 +65,14 @@ fn main() -> ExitCode {
     let started = Instant::now();
     // Every pool stays open, and this process holds the client end of every connection and the
     // upstream's end of every connection to it: a little over two descriptors per stream and
-    // way at the top level, three with head room. Raised before the proxies start, so they
+    // way at the top level, and one per stream of head room. Raised before the proxies start, so they
     // inherit it (each proxy needs a little over two per stream).
-    let ways_count = 3 + usize::from(params.relay) + usize::from(params.candidate.is_some());
+    let ways_count = 3
+        + usize::from(params.default_workers)
+        + usize::from(params.relay)
+        + usize::from(params.candidate.is_some());
     let top = params.levels.iter().copied().max().unwrap_or(1);
-    if let Err(why) = procfs::ensure_open_files(3 * (ways_count * top) as u64 + 256) {
+    if let Err(why) = procfs::ensure_open_files(((2 * ways_count + 1) * top) as u64 + 256) {
         return fail(&why);
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -81,9 +89,19 @@ fn main() -> ExitCode {
         Err(e) => return fail(&e),
     };
     // Blocking in these spawns is fine: the upstream runs on the runtime's workers.
-    let tokenmeter = match ProxyProcess::tokenmeter(upstream.addr) {
+    // One worker, as nginx has: the same resources for the comparison. Its default (one per
+    // CPU) runs as one more way, unless left out.
+    let tokenmeter = match ProxyProcess::tokenmeter(upstream.addr, Some(1)) {
         Ok(proxy) => proxy,
         Err(e) => return fail(&e),
+    };
+    let default_workers = if params.default_workers {
+        match ProxyProcess::tokenmeter(upstream.addr, None) {
+            Ok(proxy) => Some(proxy),
+            Err(e) => return fail(&e),
+        }
+    } else {
+        None
     };
     let mut nginx_version = None;
     let nginx = match processes::find_or_install_nginx().and_then(|binary| {
@@ -105,7 +123,7 @@ fn main() -> ExitCode {
         None
     };
     let candidate = match &params.candidate {
-        Some(binary) => match ProxyProcess::tokenmeter_from(binary, upstream.addr) {
+        Some(binary) => match ProxyProcess::tokenmeter_from(binary, upstream.addr, Some(1)) {
             Ok(proxy) => Some(proxy),
             Err(e) => return fail(&e),
         },
@@ -116,6 +134,9 @@ fn main() -> ExitCode {
         proxies.push(("nginx", nginx));
     }
     proxies.push(("tokenmeter", &tokenmeter));
+    if let Some(default_workers) = &default_workers {
+        proxies.push((DEFAULT_WORKERS_WAY, default_workers));
+    }
     if let Some(relay) = &relay {
         proxies.push(("relay", relay));
     }
@@ -177,6 +198,8 @@ struct Params {
     rounds: usize,
     relay: bool,
     candidate: Option<PathBuf>,
+    /// tokenmeter on its default worker count as one more way.
+    default_workers: bool,
     pin: bool,
     perf_dir: Option<PathBuf>,
 }
@@ -235,6 +258,9 @@ impl Params {
             rounds: if quick { 1 } else { 2 },
             relay: flag("TOKENMETER_BENCH_RELAY"),
             pin: flag("TOKENMETER_BENCH_PIN"),
+            default_workers: std::env::var("TOKENMETER_BENCH_DEFAULT_WORKERS").as_deref()
+                != Ok("0")
+                && std::thread::available_parallelism().map_or(1, |n| n.get()) > 1,
             candidate: std::env::var_os("TOKENMETER_BENCH_CANDIDATE")
                 .filter(|p| !p.is_empty())
                 .map(PathBuf::from),
@@ -752,7 +778,7 @@ fn print_report(params: &Params, measured: &Measured, context: &Context) {
         or_na(context.nginx_version.clone()),
         params.levels.iter().copied().max().unwrap_or(0).max(16)
     );
-    println!("- tokenmeter: this build's release binary on its embedded defaults (metrics and the live view on, no access log)");
+    println!("- tokenmeter: this build's release binary on its embedded defaults (metrics and the live view on, no access log) with `--workers 1`: one event loop, as nginx has one worker; `{DEFAULT_WORKERS_WAY}`: the same on its default worker count (one per CPU: {cores} here), each worker its own event loop on its own thread");
     if params.pin {
         println!("- PINNED (TOKENMETER_BENCH_PIN): the load generator and the mock on CPU 0, the proxies on CPU 1; not issue 12's setup{}", if params.quick { "; QUICK run" } else { "" });
     } else {

@@ -39,8 +39,17 @@ impl ProxyProcess {
 
     /// The `tokenmeter` binary this bench was built with, on embedded defaults: metrics and the
     /// live view on, no per-request access log (nginx's is off too).
-    pub(crate) fn tokenmeter(upstream: SocketAddr) -> Result<ProxyProcess, String> {
-        ProxyProcess::tokenmeter_from(Path::new(env!("CARGO_BIN_EXE_tokenmeter")), upstream)
+    /// This build's `tokenmeter`, with `workers` shards (its own default, one per CPU, when
+    /// `None`).
+    pub(crate) fn tokenmeter(
+        upstream: SocketAddr,
+        workers: Option<usize>,
+    ) -> Result<ProxyProcess, String> {
+        ProxyProcess::tokenmeter_from(
+            Path::new(env!("CARGO_BIN_EXE_tokenmeter")),
+            upstream,
+            workers,
+        )
     }
 
     /// Another `tokenmeter` binary (`TOKENMETER_BENCH_CANDIDATE`), run the same way: two builds
@@ -48,11 +57,17 @@ impl ProxyProcess {
     pub(crate) fn tokenmeter_from(
         binary: &Path,
         upstream: SocketAddr,
+        workers: Option<usize>,
     ) -> Result<ProxyProcess, String> {
-        let mut child = Command::new(binary)
+        let mut command = Command::new(binary);
+        command
             .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
             .arg("--upstream")
-            .arg(format!("http://{upstream}"))
+            .arg(format!("http://{upstream}"));
+        if let Some(workers) = workers {
+            command.arg("--workers").arg(workers.to_string());
+        }
+        let mut child = command
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
