@@ -81,7 +81,8 @@ struct Active {
     /// atomics per event; flushed into it at most once a second and at finish, so a long
     /// stream's stutter still shows before it ends.
     itl_local: Option<LocalHistogram>,
-    itl_flushed: Instant,
+    /// When the ITL counts are next flushed into the shared family (at the first gap after).
+    itl_flush_at: Instant,
     bytes: u64,
     /// Keeps the request counted in the whole process's in-flight total until it finishes.
     _total: TotalGuard,
@@ -180,7 +181,7 @@ impl Recorder {
             max_itl: None,
             itl: GapSketch::default(),
             itl_local: None,
-            itl_flushed: t_start,
+            itl_flush_at: t_start + ITL_FLUSH_EVERY,
             bytes: 0,
             _total: total,
             in_flight_total_at_start,
@@ -387,9 +388,9 @@ impl Active {
                 for _ in 0..zero_gaps {
                     itl.observe(0.0);
                 }
-                if now.saturating_duration_since(self.itl_flushed) >= ITL_FLUSH_EVERY {
+                if now >= self.itl_flush_at {
                     itl.flush();
-                    self.itl_flushed = now;
+                    self.itl_flush_at = now + ITL_FLUSH_EVERY;
                 }
             }
             let largest = gap.unwrap_or(Duration::ZERO);

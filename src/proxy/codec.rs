@@ -17,6 +17,8 @@ use tokio::net::TcpStream;
 
 /// Buffers in one `writev`.
 const MAX_SLICES: usize = 64;
+/// Slices of a write when few pieces are queued (up to two frames' worth).
+const FEW_SLICES: usize = 8;
 /// Bytes queued ahead of a socket past which no more frames are taken from a body: a peer that
 /// does not read holds back the other side, not the proxy's memory.
 pub(crate) const GATHER_BYTES: usize = 16 << 10;
@@ -239,24 +241,34 @@ fn take_up_to(buf: &mut BytesMut, left: u64) -> (Bytes, u64) {
     (buf.split_to(n as usize).freeze(), left - n)
 }
 
-/// A chunk-size line's size (extensions after `;` ignored).
+/// A chunk-size line's size (extensions after `;` ignored): at most 15 hex digits, then
+/// optional whitespace and extensions.
 fn chunk_size(line: &[u8]) -> Result<u64, Malformed> {
     const NOT_HEX: Malformed = Malformed("a chunk size that is not hex");
     let line = line.strip_suffix(b"\r").unwrap_or(line);
-    let digits = line
-        .iter()
-        .position(|b| !b.is_ascii_hexdigit())
-        .unwrap_or(line.len());
-    if digits == 0 || digits > 15 {
+    let mut size = 0u64;
+    let mut digits = 0;
+    for &b in line {
+        let value = match b {
+            b'0'..=b'9' => b - b'0',
+            b'a'..=b'f' => b - b'a' + 10,
+            b'A'..=b'F' => b - b'A' + 10,
+            _ => break,
+        };
+        digits += 1;
+        if digits > 15 {
+            return Err(NOT_HEX);
+        }
+        size = size << 4 | u64::from(value);
+    }
+    if digits == 0 {
         return Err(NOT_HEX);
     }
-    let rest = &line[digits..];
-    let rest = rest.trim_ascii_start();
+    let rest = line[digits..].trim_ascii_start();
     if !(rest.is_empty() || rest.starts_with(b";")) {
         return Err(NOT_HEX);
     }
-    let text = std::str::from_utf8(&line[..digits]).map_err(|_| NOT_HEX)?;
-    u64::from_str_radix(text, 16).map_err(|_| NOT_HEX)
+    Ok(size)
 }
 
 /// One trailer field, if it is a valid one (invalid ones are dropped, not fatal).
@@ -432,13 +444,13 @@ impl WriteQueue {
         self.open = None;
         while !self.pieces.is_empty() {
             ready!(stream.poll_write_ready(cx))?;
-            let mut slices = [IoSlice::new(&[]); MAX_SLICES];
-            let mut count = 0;
-            for (slot, piece) in slices.iter_mut().zip(self.pieces.iter()) {
-                *slot = IoSlice::new(piece.as_slice());
-                count += 1;
-            }
-            match stream.try_write_vectored(&slices[..count]) {
+            // A frame is three pieces: most writes need a few slots, not the whole array.
+            let written = if self.pieces.len() <= FEW_SLICES {
+                write_gathered::<FEW_SLICES>(stream, &self.pieces)
+            } else {
+                write_gathered::<MAX_SLICES>(stream, &self.pieces)
+            };
+            match written {
                 Ok(0) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
                 Ok(mut n) => {
                     self.queued -= n;
@@ -463,6 +475,21 @@ impl WriteQueue {
         }
         Poll::Ready(Ok(()))
     }
+}
+
+/// One vectored write of the front of `pieces`, at most `N` of them.
+fn write_gathered<const N: usize>(
+    stream: &TcpStream,
+    pieces: &VecDeque<Piece>,
+) -> io::Result<usize> {
+    let mut slices = [IoSlice::new(&[]); N];
+    let (front, back) = pieces.as_slices();
+    let mut count = 0;
+    for (slot, piece) in slices.iter_mut().zip(front.iter().chain(back)) {
+        *slot = IoSlice::new(piece.as_slice());
+        count += 1;
+    }
+    stream.try_write_vectored(&slices[..count])
 }
 
 #[cfg(test)]
@@ -547,6 +574,33 @@ mod tests {
         assert!(Decoder::until_close().close());
         assert!(!Decoder::length(3).close());
         assert!(!Decoder::chunked().close());
+    }
+
+    #[test]
+    fn chunk_size_lines_are_read_as_hex_with_extensions_ignored() {
+        for (line, size) in [
+            ("0", 0),
+            ("1a", 26),
+            ("1A\r", 26),
+            ("Ff;name=value", 255),
+            ("10 \t;ext", 16),
+            ("fffffffffffffff", (1 << 60) - 1),
+        ] {
+            assert_eq!(chunk_size(line.as_bytes()), Ok(size), "{line:?}");
+        }
+        for line in [
+            "",
+            "\r",
+            ";ext",
+            "g",
+            "1 2",
+            "-1",
+            "+1",
+            "0x10",
+            "1000000000000000",
+        ] {
+            assert!(chunk_size(line.as_bytes()).is_err(), "{line:?}");
+        }
     }
 
     #[test]
