@@ -23,7 +23,8 @@
 //! requests per way), `TOKENMETER_BENCH_PIN=1` (the bench's own threads, load generator and mock,
 //! on CPU 0 and the proxies on CPU 1, with `taskset`: what each proxy adds when it does not
 //! share a core with the load; a diagnostic, not the setup), and
-//! `TOKENMETER_BENCH_DEFAULT_WORKERS=0` (leave out the way that runs tokenmeter on its default
+//! `TOKENMETER_BENCH_ROUNDS=2` (rounds per level and way, the ways rotating: more for a finer
+//! A/B), `TOKENMETER_BENCH_DEFAULT_WORKERS=0` (leave out the way that runs tokenmeter on its default
 //! worker count), `TOKENMETER_BENCH_PERF=DIR` (one extra, uncounted round per proxy at the level nearest 512
 //! streams under `perf record -g`, written to DIR).
 
@@ -255,7 +256,9 @@ impl Params {
             workload: Workload::new(tokens, interval),
             levels,
             window: Duration::from_secs(if quick { 1 } else { 4 }),
-            rounds: if quick { 1 } else { 2 },
+            rounds: number("TOKENMETER_BENCH_ROUNDS")
+                .filter(|&n| n > 0)
+                .map_or(if quick { 1 } else { 2 }, |n| n as usize),
             relay: flag("TOKENMETER_BENCH_RELAY"),
             pin: flag("TOKENMETER_BENCH_PIN"),
             default_workers: std::env::var("TOKENMETER_BENCH_DEFAULT_WORKERS").as_deref()
