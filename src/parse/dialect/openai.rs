@@ -32,7 +32,7 @@
 use serde::de::{Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
 
-use super::scan::{Cursor, Fields, Members};
+use super::scan::{Cursor, Fields};
 use super::{
     is_done, report_details, update, Alarm, Count, EngineReport, Finish, FinishReason, Index,
     OutputDetails, PromptDetails, Shape, Timings, ToolCalls, Tracks, Verdict,
@@ -76,7 +76,7 @@ struct Usage {
 impl Usage {
     /// `usage` as serde_json reads it into this struct (`null`: `None`), or `None` (the outer)
     /// for anything it would not read the same way, which leaves the chunk to serde_json.
-    fn scan(cursor: &mut Cursor) -> Option<Option<Usage>> {
+    fn scan(cursor: &mut Cursor, holes: &mut Holes) -> Option<Option<Usage>> {
         if cursor.peek()? == b'n' {
             cursor.null()?;
             return Some(None);
@@ -100,8 +100,8 @@ impl Usage {
             };
             fields.first(field)?;
             match field {
-                0 => usage.completion_tokens = Count::of(cursor.raw()?),
-                1 => usage.prompt_tokens = Count::of(cursor.raw()?),
+                0 => usage.completion_tokens = Count::of(holes.raw(cursor, Hole::Completion)?),
+                1 => usage.prompt_tokens = Count::of(holes.raw(cursor, Hole::Prompt)?),
                 2 => usage.reasoning_tokens = Count::of(cursor.raw()?),
                 3 => usage.prompt_cache_hit_tokens = Count::of(cursor.raw()?),
                 4 => {
@@ -154,133 +154,205 @@ fn details(cursor: &mut Cursor, name: &[u8]) -> Option<Option<Count>> {
 impl Chunk {
     /// The chunk, read by the strict cursor when it can (the token chunks that are nearly all of
     /// a stream), else by serde_json; `None` when it is not a JSON object of this shape.
-    /// `prefix`: what the stream's chunks before this one began with (see [`Prefix`]).
-    fn read(data: &[u8], prefix: Option<&mut Prefix>) -> Option<Chunk> {
-        Chunk::scan(data, prefix).or_else(|| serde_json::from_slice(data).ok())
+    /// `template`: the stream's last chunk the cursor read whole (see [`Template`]).
+    fn read(data: &[u8], template: Option<&mut Template>) -> Option<Chunk> {
+        let scanned = match template {
+            Some(template) => template.read(data),
+            None => Chunk::scan(data, &mut Holes::default()),
+        };
+        scanned.or_else(|| serde_json::from_slice(data).ok())
     }
 
     /// The cursor's reading (`scan`): `None` leaves the chunk to serde_json, which reads what
-    /// the cursor does not: `timings`, tool calls, and anything unusual.
-    fn scan(data: &[u8], prefix: Option<&mut Prefix>) -> Option<Chunk> {
-        // The bytes before `choices` repeat from chunk to chunk: read once, recognised after.
-        let known = prefix
-            .as_deref()
-            .filter(|p| data.starts_with(&p.bytes))
-            .and_then(|p| p.state);
-        let (mut cursor, mut state) = match known {
-            Some(state) => (Cursor::resume(data, state.at)?, state),
-            None => {
-                let mut cursor = Cursor::new(data)?;
-                let members = cursor.object()?;
-                let state = ScanState::start(members, cursor.position());
-                (cursor, state)
-            }
-        };
-        let mut choices_at = None;
-        // Not part of the state a chunk start is kept with (it is copied for every chunk), so a
-        // start that holds a usage is not kept: usage comes after `choices`, if at all.
-        let mut usage = None;
-        loop {
-            // Where this key starts, and whether it is the first member: with the rest of the
-            // state, what a chunk with the same start up to here has.
-            let (at, members) = (cursor.position(), state.members);
-            let Some(key) = cursor.key(&mut state.members)? else {
-                break;
-            };
+    /// the cursor does not: `timings`, tool calls, and anything unusual. The values whose
+    /// bytes the reading does not depend on, or only through their shape, go into `holes`.
+    fn scan(data: &[u8], holes: &mut Holes) -> Option<Chunk> {
+        let mut cursor = Cursor::new(data)?;
+        let mut members = cursor.object()?;
+        let mut fields = Fields::default();
+        let mut chunk = Chunk::default();
+        while let Some(key) = cursor.key(&mut members)? {
             match key {
                 b"choices" => {
-                    if choices_at.is_none() && known.is_none() && usage.is_none() {
-                        choices_at = Some(ScanState {
-                            at,
-                            members,
-                            ..state
-                        });
-                    }
-                    state.fields.first(0)?;
-                    state.choices = Choices::scan(&mut cursor)?;
+                    fields.first(0)?;
+                    chunk.choices = Choices::scan(&mut cursor, holes)?;
                 }
                 b"usage" => {
-                    state.fields.first(1)?;
-                    usage = Usage::scan(&mut cursor)?;
+                    fields.first(1)?;
+                    chunk.usage = Usage::scan(&mut cursor, holes)?;
                 }
                 b"timings" => {
-                    state.fields.first(2)?;
+                    fields.first(2)?;
                     cursor.null()?;
                 }
                 b"error" => {
-                    state.fields.first(3)?;
-                    state.error = Alarm::error(cursor.raw()?);
+                    fields.first(3)?;
+                    chunk.error = Alarm::error(cursor.raw()?);
                 }
                 b"object" => {
-                    state.fields.first(4)?;
-                    state.object = Alarm::object(cursor.raw()?);
+                    fields.first(4)?;
+                    chunk.object = Alarm::object(cursor.raw()?);
                 }
-                _ => cursor.skip_value()?,
+                _ => holes.skip(&mut cursor)?,
             }
         }
         cursor.end()?;
-        if let (Some(prefix), Some(before)) = (prefix, choices_at) {
-            // With the byte after: it is what ended the value before (`"created":123` read in
-            // a chunk that goes on `4,` is another number).
-            prefix.keep(&data[..=before.at], before);
-        }
-        Some(Chunk {
-            choices: state.choices,
-            usage,
-            error: state.error,
-            object: state.object,
-            ..Chunk::default()
-        })
+        Some(chunk)
     }
 }
 
-/// The cursor's state in a chunk's top-level object.
+/// What a chunk's reading takes from a value the cursor passed over: nothing (its bytes may be
+/// any JSON value), its [`Shape`], or its count.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Hole {
+    #[default]
+    Skipped,
+    Shaped(Shape),
+    Completion,
+    Prompt,
+}
+
+/// The values of one chunk the reading may see change without its bytes around them changing:
+/// where each is (`start..end`) and what the reading takes from it, kept inline (a template is
+/// read on every event of a stream: no second heap object to fetch). At most [`MAX_HOLES`];
+/// past that, or past [`MAX_TEMPLATE`] bytes, the chunk is not kept as a template.
+#[derive(Debug, Default)]
+struct Holes {
+    list: [(u16, u16, Hole); MAX_HOLES],
+    len: u8,
+    overflow: bool,
+}
+
+/// Values a template may leave open; a chunk with more is read whole every time.
+const MAX_HOLES: usize = 16;
+
+impl Holes {
+    fn clear(&mut self) {
+        self.len = 0;
+        self.overflow = false;
+    }
+
+    fn push(&mut self, start: usize, end: usize, hole: Hole) {
+        let slot = self.list.get_mut(usize::from(self.len));
+        match (slot, u16::try_from(start), u16::try_from(end)) {
+            (Some(slot), Ok(start), Ok(end)) => {
+                *slot = (start, end, hole);
+                self.len += 1;
+            }
+            _ => self.overflow = true,
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &(u16, u16, Hole)> {
+        self.list[..usize::from(self.len)].iter()
+    }
+
+    /// Checks and consumes a value the reading ignores.
+    fn skip(&mut self, cursor: &mut Cursor) -> Option<()> {
+        cursor.peek()?;
+        let start = cursor.position();
+        cursor.skip_value()?;
+        self.push(start, cursor.position(), Hole::Skipped);
+        Some(())
+    }
+
+    /// The raw text of a value the reading takes as `hole` says.
+    fn raw<'a>(&mut self, cursor: &mut Cursor<'a>, hole: Hole) -> Option<&'a [u8]> {
+        cursor.peek()?;
+        let start = cursor.position();
+        let raw = cursor.raw()?;
+        self.push(start, cursor.position(), hole);
+        Some(raw)
+    }
+
+    /// A value whose shape is what the reading takes.
+    fn shape(&mut self, cursor: &mut Cursor) -> Option<Shape> {
+        cursor.peek()?;
+        let start = cursor.position();
+        let shape = Shape::of(cursor.raw()?);
+        self.push(start, cursor.position(), Hole::Shaped(shape));
+        Some(shape)
+    }
+}
+
+/// A stream's last chunk that the cursor read whole, with its holes and its reading. The next
+/// chunk of a stream nearly always has the same bytes but for a few values (`id`, `created`,
+/// the token's text, a send stamp): a chunk whose bytes outside the holes are the template's,
+/// and whose holes hold values the reading takes the same way (any value where it takes
+/// nothing, a string of the same shape, a count), is the same JSON document but for those
+/// values, so its reading is the template's with the counts read again. Checking that is a
+/// comparison of bytes and a pass over the holes' values, not a walk over every key.
+#[derive(Debug, Default)]
+struct Template {
+    bytes: Vec<u8>,
+    holes: Holes,
+    reading: Option<Reading>,
+}
+
+/// What the cursor reads of a chunk (`timings` are serde_json's to read).
 #[derive(Debug, Clone, Copy)]
-struct ScanState {
-    at: usize,
-    members: Members,
-    fields: Fields,
+struct Reading {
     choices: Choices,
+    usage: Option<Usage>,
     error: Alarm,
     object: Alarm,
 }
 
-impl ScanState {
-    fn start(members: Members, at: usize) -> ScanState {
-        ScanState {
-            at,
-            members,
-            fields: Fields::default(),
-            choices: Choices::default(),
-            error: Alarm::default(),
-            object: Alarm::default(),
+/// Longer chunks are read whole every time rather than kept (and hole positions fit in `u16`).
+const MAX_TEMPLATE: usize = 2048;
+
+impl Template {
+    /// The chunk read through the template when it fits, else whole (and kept as the next
+    /// template when the cursor could read it).
+    fn read(&mut self, data: &[u8]) -> Option<Chunk> {
+        if let Some(chunk) = self.fit(data) {
+            return Some(chunk);
         }
+        self.reading = None;
+        self.holes.clear();
+        let chunk = Chunk::scan(data, &mut self.holes)?;
+        if data.len() <= MAX_TEMPLATE && !self.holes.overflow {
+            self.bytes.clear();
+            self.bytes.extend_from_slice(data);
+            self.reading = Some(Reading {
+                choices: chunk.choices,
+                usage: chunk.usage,
+                error: chunk.error,
+                object: chunk.object,
+            });
+        }
+        Some(chunk)
     }
-}
 
-/// The start of a stream's last chunk up to its `choices` key (`id`, `object`, `created`,
-/// `model`: the same on every chunk of a stream) and the byte after it, and the cursor's state
-/// before that byte. A chunk that starts with the same bytes leaves the cursor in the same state
-/// (the cursor looks one byte ahead at most, to end a number), so its reading resumes there
-/// instead of reading them again: about half of a token chunk.
-#[derive(Debug, Default)]
-struct Prefix {
-    bytes: Vec<u8>,
-    state: Option<ScanState>,
-}
-
-/// Longer starts are read every time rather than kept.
-const MAX_PREFIX: usize = 256;
-
-impl Prefix {
-    /// Called only after a reading from the first byte, so `bytes` differ from what is kept.
-    fn keep(&mut self, bytes: &[u8], state: ScanState) {
-        if bytes.len() > MAX_PREFIX {
-            return;
+    /// `data`'s reading when it fits the template.
+    fn fit(&self, data: &[u8]) -> Option<Chunk> {
+        let reading = self.reading?;
+        let mut cursor = Cursor::new(data)?;
+        let mut usage = reading.usage;
+        let mut from = 0;
+        for &(start, end, hole) in self.holes.iter() {
+            cursor.literal_bytes(&self.bytes[from..start as usize])?;
+            match hole {
+                Hole::Skipped => cursor.skip_value()?,
+                Hole::Shaped(shape) => {
+                    if Shape::of(cursor.raw()?) != shape {
+                        return None;
+                    }
+                }
+                Hole::Completion => usage.as_mut()?.completion_tokens = Count::of(cursor.raw()?),
+                Hole::Prompt => usage.as_mut()?.prompt_tokens = Count::of(cursor.raw()?),
+            }
+            from = end as usize;
         }
-        self.bytes.clear();
-        self.bytes.extend_from_slice(bytes);
-        self.state = Some(state);
+        cursor.literal_bytes(&self.bytes[from..])?;
+        cursor.end()?;
+        Some(Chunk {
+            choices: reading.choices,
+            usage,
+            error: reading.error,
+            object: reading.object,
+            timings: None,
+        })
     }
 }
 
@@ -300,7 +372,7 @@ struct Choice {
 }
 
 impl Choice {
-    fn scan(cursor: &mut Cursor) -> Option<Choice> {
+    fn scan(cursor: &mut Cursor, holes: &mut Holes) -> Option<Choice> {
         let mut choice = Choice::default();
         let mut fields = Fields::default();
         let mut members = cursor.object()?;
@@ -312,21 +384,21 @@ impl Choice {
                 }
                 b"delta" => {
                     fields.first(1)?;
-                    choice.delta = Message::scan_optional(cursor)?;
+                    choice.delta = Message::scan_optional(cursor, holes)?;
                 }
                 b"message" => {
                     fields.first(2)?;
-                    choice.message = Message::scan_optional(cursor)?;
+                    choice.message = Message::scan_optional(cursor, holes)?;
                 }
                 b"text" => {
                     fields.first(3)?;
-                    choice.text = Shape::of(cursor.raw()?);
+                    choice.text = holes.shape(cursor)?;
                 }
                 b"finish_reason" => {
                     fields.first(4)?;
                     choice.finish_reason = Finish::of(cursor.raw()?);
                 }
-                _ => cursor.skip_value()?,
+                _ => holes.skip(cursor)?,
             }
         }
         Some(choice)
@@ -352,7 +424,7 @@ struct Message {
 
 impl Message {
     /// `null` or a message; a message with tool calls is serde_json's to read.
-    fn scan_optional(cursor: &mut Cursor) -> Option<Option<Message>> {
+    fn scan_optional(cursor: &mut Cursor, holes: &mut Holes) -> Option<Option<Message>> {
         if cursor.peek()? == b'n' {
             cursor.null()?;
             return Some(None);
@@ -381,12 +453,12 @@ impl Message {
                     continue;
                 }
                 _ => {
-                    cursor.skip_value()?;
+                    holes.skip(cursor)?;
                     continue;
                 }
             };
             fields.first(index)?;
-            *shape = Shape::of(cursor.raw()?);
+            *shape = holes.shape(cursor)?;
         }
         Some(Some(message))
     }
@@ -468,7 +540,7 @@ impl Choices {
     }
 
     /// `null` or an array of choices, read by the cursor.
-    fn scan(cursor: &mut Cursor) -> Option<Choices> {
+    fn scan(cursor: &mut Cursor, holes: &mut Holes) -> Option<Choices> {
         let mut all = Choices::default();
         if cursor.peek()? == b'n' {
             cursor.null()?;
@@ -476,7 +548,7 @@ impl Choices {
         }
         let mut elements = cursor.array()?;
         while cursor.element(&mut elements)? {
-            all.add(&Choice::scan(cursor)?);
+            all.add(&Choice::scan(cursor, holes)?);
         }
         Some(all)
     }
@@ -493,7 +565,7 @@ enum Flavour {
 #[derive(Debug, Default)]
 pub(in crate::parse) struct OpenAi {
     tracks: Tracks,
-    prefix: Prefix,
+    template: Template,
 }
 
 impl OpenAi {
@@ -529,7 +601,7 @@ impl OpenAi {
         if is_done(data) {
             return Verdict { end: true, ..base };
         }
-        let Some(chunk) = Chunk::read(data, Some(&mut self.prefix)) else {
+        let Some(chunk) = Chunk::read(data, Some(&mut self.template)) else {
             return base;
         };
         let mut verdict = read(flavour, &chunk, base, report);
@@ -929,7 +1001,7 @@ mod tests {
     /// chunk, serde_json must read the same one (the cursor gives up on whatever it does not read
     /// as serde_json would). Returns whether the cursor read it.
     fn cursor_agrees(data: &[u8]) -> bool {
-        let Some(scanned) = Chunk::scan(data, None) else {
+        let Some(scanned) = Chunk::scan(data, &mut Holes::default()) else {
             return false;
         };
         let text = String::from_utf8_lossy(data);
@@ -1013,7 +1085,7 @@ mod tests {
             r#"[{"choices":[]}]"#,
             "[DONE]",
         ] {
-            assert!(Chunk::scan(data.as_bytes(), None).is_none(), "{data}");
+            assert!(fresh(data.as_bytes()).is_none(), "{data}");
         }
     }
 
@@ -1075,88 +1147,97 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_chunk_that_starts_like_the_last_one_is_read_from_where_it_differs() {
-        // A number ends where the byte after it says: the kept start takes that byte along.
-        let mut prefix = Prefix::default();
-        let shorter = br#"{"created":12,"choices":[]}"#;
-        assert!(Chunk::scan(shorter, Some(&mut prefix)).is_some());
-        let longer = br#"{"created":123,"choices":[]}"#;
-        assert!(Chunk::scan(longer, Some(&mut prefix)).is_some());
+    fn fresh(data: &[u8]) -> Option<Chunk> {
+        Chunk::scan(data, &mut Holes::default())
+    }
 
-        let mut prefix = Prefix::default();
-        let first = br#"{"id":"c1","created":123,"model":"m","choices":[{"index":0,"delta":{"content":"a"}}]}"#;
-        assert!(Chunk::scan(first, Some(&mut prefix)).is_some());
-        assert_eq!(prefix.bytes, br#"{"id":"c1","created":123,"model":"m","#);
-        let next = br#"{"id":"c1","created":123,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#;
-        let read = Chunk::scan(next, Some(&mut prefix)).unwrap();
-        assert_eq!(read.choices.finish, Some(FinishReason::Stop));
-        // The same start, then anything: read exactly as from the first byte.
-        for data in [
-            &br#"{"id":"c1","created":123,"model":"m","choices":[],"id":"again"}"#[..],
-            br#"{"id":"c1","created":123,"model":"m","created":1,"choices":[]}"#,
-            b"{\"id\":\"c1\",\"created\":123,\"model\":\"m\",\"choices\":[],\"x\":\"\xff\"}",
-            br#"{"id":"c1","created":123,"model":"m","choices":[]"#,
-            br#"{"id":"c1","created":123,"model":"m","choices":[],}"#,
-            br#"{"id":"c1","created":123,"model":"m","choices":[{"delta":{"content":"b"}}]} x"#,
+    #[test]
+    fn a_chunk_that_fits_the_template_is_read_as_from_its_first_byte() {
+        let mut template = Template::default();
+        let first = br#"{"id":"c1","object":"chat.completion.chunk","created":123,"model":"m","choices":[{"index":0,"delta":{"content":"a"},"logprobs":null,"finish_reason":null}]}"#;
+        assert!(template.read(first).is_some());
+        // Another id, stamp and token, logprobs now an object: the same reading, by the template.
+        let next = br#"{"id":"c22","object":"chat.completion.chunk","created":1234,"model":"m","choices":[{"index":0,"delta":{"content":"b\n\u00e9"},"logprobs":{"content":[]},"finish_reason":null}]}"#;
+        let fitted = template.fit(next).expect("fits the template");
+        assert!(fitted.choices.message_content);
+        assert!(same_reading(Some(fitted), fresh(next)));
+        // What the reading depends on changed: read whole, and the result is the chunk's own.
+        for (data, why) in [
+            (&br#"{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":""},"logprobs":null,"finish_reason":null}]}"#[..], "empty content"),
+            (br#"{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":null},"logprobs":null,"finish_reason":null}]}"#, "null content"),
+            (br#"{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"a"},"logprobs":null,"finish_reason":"stop"}]}"#, "a finish reason"),
+            (br#"{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":1,"delta":{"content":"a"},"logprobs":null,"finish_reason":null}]}"#, "another choice"),
+            (br#"{"id":"c1","object":"error","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"a"},"logprobs":null,"finish_reason":null}]}"#, "an error object"),
         ] {
-            let resumed = Chunk::scan(data, Some(&mut prefix));
-            let fresh = Chunk::scan(data, None);
-            assert!(
-                same_reading(resumed, fresh),
-                "{}",
-                String::from_utf8_lossy(data)
-            );
+            let mut template = Template::default();
+            assert!(template.read(first).is_some());
+            assert!(template.fit(data).is_none(), "{why}");
+            assert!(same_reading(template.read(data), fresh(data)), "{why}");
+        }
+        // Broken where a hole is, or around one: refused, as read whole.
+        let mut template = Template::default();
+        assert!(template.read(first).is_some());
+        for data in [
+            &br#"{"id":"c1","object":"chat.completion.chunk","created":12a,"model":"m","choices":[{"index":0,"delta":{"content":"a"},"logprobs":null,"finish_reason":null}]}"#[..],
+            br#"{"id":"c1,"object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"a"},"logprobs":null,"finish_reason":null}]}"#,
+            b"{\"id\":\"\xff\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"},\"logprobs\":null,\"finish_reason\":null}]}",
+            br#"{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"a"},"logprobs":null,"finish_reason":null}]} x"#,
+            br#"{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"a"},"logprobs":nul,"finish_reason":null}]}"#,
+            br#"{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"a	b"},"logprobs":null,"finish_reason":null}]}"#,
+        ] {
+            assert!(template.fit(data).is_none(), "{}", String::from_utf8_lossy(data));
+            assert!(fresh(data).is_none(), "{}", String::from_utf8_lossy(data));
         }
     }
 
     #[test]
-    fn a_stream_whose_chunks_start_with_choices_is_read_from_the_kept_start() {
-        // llama.cpp's server (and the overhead bench's mock) put `choices` first: the kept
-        // start is `{"`, and the cursor resumes before the first key.
-        let mut prefix = Prefix::default();
-        let first = br#"{"choices":[{"finish_reason":null,"index":0,"delta":{"content":"a"}}],"created":1,"id":"x"}"#;
-        assert!(Chunk::scan(first, Some(&mut prefix)).is_some());
-        assert_eq!(prefix.bytes, br#"{""#);
-        let next = br#"{"choices":[{"finish_reason":null,"index":0,"delta":{"content":"b"}}],"created":2,"id":"x"}"#;
-        let read = Chunk::scan(next, Some(&mut prefix)).expect("read from the kept start");
-        assert!(read.choices.message_content);
-        let last =
-            br#"{"choices":[{"finish_reason":"stop","index":0,"delta":{}}],"created":3,"id":"x"}"#;
-        let read = Chunk::scan(last, Some(&mut prefix)).expect("read from the kept start");
-        assert_eq!(read.choices.finish, Some(FinishReason::Stop));
+    fn a_count_in_a_hole_is_each_chunks_own() {
+        // vLLM's continuous usage stats: usage on every chunk, its counts growing.
+        let mut template = Template::default();
+        let first = br#"{"choices":[{"delta":{"content":"a"}}],"usage":{"prompt_tokens":5,"completion_tokens":1}}"#;
+        assert_eq!(
+            template
+                .read(first)
+                .unwrap()
+                .usage
+                .unwrap()
+                .completion_tokens,
+            Count(Some(1))
+        );
+        let next = br#"{"choices":[{"delta":{"content":"b"}}],"usage":{"prompt_tokens":5,"completion_tokens":2}}"#;
+        let fitted = template.fit(next).expect("fits the template");
+        assert_eq!(fitted.usage.unwrap().completion_tokens, Count(Some(2)));
+        assert_eq!(fitted.usage.unwrap().prompt_tokens, Count(Some(5)));
+        // A count serde_json reads as none (not a whole number) is none here too.
+        let odd = br#"{"choices":[{"delta":{"content":"b"}}],"usage":{"prompt_tokens":5,"completion_tokens":2.5}}"#;
+        assert!(same_reading(template.fit(odd), fresh(odd)));
+        // `usage` null in the template: a usage object later does not fit.
+        let mut template = Template::default();
+        assert!(template
+            .read(br#"{"choices":[{"delta":{"content":"a"}}],"usage":null}"#)
+            .is_some());
+        let with = br#"{"choices":[{"delta":{"content":"a"}}],"usage":{"completion_tokens":2}}"#;
+        assert!(template.fit(with).is_none());
+        assert!(same_reading(template.read(with), fresh(with)));
     }
 
     #[test]
-    fn a_chunk_start_that_holds_a_usage_is_not_kept() {
-        // vLLM's continuous usage stats put usage on every chunk; were it before `choices`,
-        // each chunk's own usage must be read, never one kept from the chunk before.
-        let mut prefix = Prefix::default();
-        let first = br#"{"usage":{"completion_tokens":1},"choices":[{"delta":{"content":"a"}}]}"#;
-        let read = Chunk::scan(first, Some(&mut prefix)).unwrap();
-        assert_eq!(read.usage.unwrap().completion_tokens, Count(Some(1)));
-        assert!(prefix.bytes.is_empty());
-        // The same start again: read whole, usage included.
-        let next = br#"{"usage":{"completion_tokens":1},"choices":[{"delta":{"content":"b"}}]}"#;
-        let read = Chunk::scan(next, Some(&mut prefix)).unwrap();
-        assert_eq!(read.usage.unwrap().completion_tokens, Count(Some(1)));
-        // `"usage":null` before `choices` holds nothing: that start is kept.
-        let null = br#"{"usage":null,"choices":[{"delta":{"content":"c"}}]}"#;
-        assert!(Chunk::scan(null, Some(&mut prefix))
-            .unwrap()
-            .usage
-            .is_none());
-        assert_eq!(prefix.bytes, br#"{"usage":null,"#);
+    fn a_chunk_with_too_many_holes_is_not_kept() {
+        let mut template = Template::default();
+        let fields: String = (0..=MAX_HOLES).map(|i| format!(r#""f{i}":{i},"#)).collect();
+        let data = format!(r#"{{{fields}"choices":[{{"delta":{{"content":"a"}}}}]}}"#);
+        assert!(template.read(data.as_bytes()).is_some());
+        assert!(template.fit(data.as_bytes()).is_none());
     }
 
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(1000))]
 
-        /// A stream of chunks that share their start, some broken: each read from the kept
-        /// start exactly as it is read from its first byte (which the test above ties to
-        /// serde_json).
+        /// A stream of chunks like one captured chunk, some edited or broken: each read through
+        /// the template exactly as it is read from its first byte (which the tests above tie
+        /// to serde_json).
         #[test]
-        fn resuming_after_a_kept_start_reads_as_reading_from_the_start(
+        fn reading_through_the_template_reads_as_reading_whole(
             pick in 0usize..64,
             chunks in proptest::collection::vec(
                 proptest::collection::vec((0usize..400, 0usize..24, 0u8..4), 0..3),
@@ -1169,14 +1250,13 @@ mod tests {
             } else {
                 payloads[pick % payloads.len()].clone()
             };
-            let mut prefix = Prefix::default();
+            let mut template = Template::default();
             for edits in std::iter::once(Vec::new()).chain(chunks) {
                 let mut data = base.clone();
                 mutate(&mut data, &edits);
-                let resumed = Chunk::scan(&data, Some(&mut prefix));
-                let fresh = Chunk::scan(&data, None);
+                let templated = template.read(&data);
                 proptest::prop_assert!(
-                    same_reading(resumed, fresh),
+                    same_reading(templated, fresh(&data)),
                     "{}",
                     String::from_utf8_lossy(&data)
                 );

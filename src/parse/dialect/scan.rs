@@ -31,12 +31,11 @@ impl<'a> Cursor<'a> {
         Some(Cursor { text, at: 0 })
     }
 
-    /// A cursor at `at` in `text`, whose bytes before `at` were read before (by a cursor whose
-    /// state there the caller kept): only the rest is checked for UTF-8. `at` must follow an
-    /// ASCII byte, as every position a cursor stops at between values does.
-    pub(super) fn resume(text: &'a [u8], at: usize) -> Option<Cursor<'a>> {
-        utf8(text.get(at..)?)?;
-        Some(Cursor { text, at })
+    /// Consumes exactly `bytes`, which must come next (no whitespace is skipped): the bytes
+    /// between values of a chunk read before, which put the cursor in the same state.
+    pub(super) fn literal_bytes(&mut self, bytes: &[u8]) -> Option<()> {
+        let end = self.at + bytes.len();
+        (self.text.get(self.at..end)? == bytes).then(|| self.at = end)
     }
 
     /// Where the cursor is.
