@@ -1,7 +1,7 @@
 //! What the overhead bench reads from Linux's `/proc`: a process's CPU time and resident memory,
 //! the whole machine's CPU time (to tell how much of it other processes took), the load average,
-//! and the open-files limit that thousands of streams through several ways need raised. Everything here
-//! answers `None` where there is no `/proc`, and the report prints "n/a".
+//! and the open-files limit that thousands of streams through several ways need raised.
+//! Everything here answers `None` where there is no `/proc`, and the report prints "n/a".
 
 use std::process::Command;
 
