@@ -5,27 +5,27 @@
 //! this process (the baseline), through nginx (one worker, keep-alive upstream, `proxy_buffering
 //! off`: the pass-through floor, which measures nothing), through the real `tokenmeter` release
 //! binary with one worker (the same resources as nginx's), and through it on its default worker
-//! count (one per CPU). The proxies are child processes, so their CPU time and RSS are their
-//! own. It prints one Markdown table for the README, each figure for every way with
-//! tokenmeter's (one worker) ratio to nginx: added TTFT at one user (the ways alternating request by request), proxy CPU
-//! seconds per 1,000 frames and proxy RSS at 128, 512, 1,024 and 2,048 concurrent streams, and at
-//! the top level (2,048 streams saturate a 2-core machine: proxy, mock and load generator share
-//! it) the frames per second delivered and the share of streams that stalled. Details, the
-//! exact workload, the machine's load and issue 12's targets follow. It measures and reports;
-//! it fails nothing.
+//! count (one per CPU). The proxies are child processes, so their CPU time and RSS are their own.
+//! It prints one Markdown table for the README, each figure for every way with tokenmeter's (one
+//! worker) ratio to nginx: added TTFT at one user (the ways alternating request by request), proxy
+//! CPU seconds per 1,000 frames and proxy RSS at 128, 512, 1,024 and 2,048 concurrent streams, and
+//! at the top level (2,048 streams saturate a 2-core machine: proxy, mock and load generator share
+//! it) the frames per second delivered and the share of streams that stalled. Details, the exact
+//! workload, the machine's load and issue 12's targets follow. It measures and reports; it fails
+//! nothing.
 //!
 //! Knobs, all optional: `--quick` or `TOKENMETER_BENCH_QUICK=1` (a smoke run of about 15 s),
 //! `TOKENMETER_BENCH_STREAMS=128,512,1024,2048`, `TOKENMETER_BENCH_EVENTS=64` (tokens per stream),
-//! `TOKENMETER_BENCH_INTERVAL_US=20000` (the pace), `TOKENMETER_BENCH_NGINX=PATH` (or `0` to
-//! leave nginx out), `TOKENMETER_BENCH_RELAY=1` (a bare TCP relay process as one more way: the
-//! cost of the hop alone), `TOKENMETER_BENCH_CANDIDATE=PATH` (another tokenmeter binary as one
-//! more way, `candidate`: two builds compared in one run), `TOKENMETER_BENCH_SAMPLES=400` (one-user
-//! requests per way), `TOKENMETER_BENCH_PIN=1` (the bench's own threads, load generator and mock,
-//! on CPU 0 and the proxies on CPU 1, with `taskset`: what each proxy adds when it does not
-//! share a core with the load; a diagnostic, not the issue's setup), and
-//! `TOKENMETER_BENCH_ROUNDS=2` (rounds per level and way, the ways rotating: more for a finer
-//! A/B), `TOKENMETER_BENCH_DEFAULT_WORKERS=0` (leave out the way that runs tokenmeter on its default
-//! worker count), `TOKENMETER_BENCH_PERF=DIR` (one extra, uncounted round per proxy at the level nearest 512
+//! `TOKENMETER_BENCH_INTERVAL_US=20000` (the pace), `TOKENMETER_BENCH_NGINX=PATH` (or `0` to leave
+//! nginx out), `TOKENMETER_BENCH_RELAY=1` (a bare TCP relay process as one more way: the cost of
+//! the hop alone), `TOKENMETER_BENCH_CANDIDATE=PATH` (another tokenmeter binary as one more way,
+//! `candidate`: two builds compared in one run), `TOKENMETER_BENCH_SAMPLES=400` (one-user requests
+//! per way), `TOKENMETER_BENCH_PIN=1` (the bench's own threads, load generator and mock, on CPU 0
+//! and the proxies on CPU 1, with `taskset`: what each proxy adds when it does not share a core
+//! with the load; a diagnostic, not the issue's setup), `TOKENMETER_BENCH_ROUNDS=2` (rounds per
+//! level and way, the ways rotating: more for a finer A/B), `TOKENMETER_BENCH_DEFAULT_WORKERS=0`
+//! (leave out the way that runs tokenmeter on its default worker count), and
+//! `TOKENMETER_BENCH_PERF=DIR` (one extra, uncounted round per proxy at the level nearest 512
 //! streams under `perf record -g`, written to DIR).
 
 #[path = "overhead/load.rs"]
@@ -65,8 +65,8 @@ fn main() -> ExitCode {
     let load_before = procfs::load_average();
     let started = Instant::now();
     // Every pool stays open, and this process holds the client end of every connection and the
-    // upstream's end of every connection to it: a little over two descriptors per stream and
-    // way at the top level, and one per stream of head room. Raised before the proxies start, so they
+    // upstream's end of every connection to it: a little over two descriptors per stream and way at
+    // the top level, and one per stream of head room. Raised before the proxies start, so they
     // inherit it (each proxy needs a little over two per stream).
     let ways_count = 3
         + usize::from(params.default_workers)
