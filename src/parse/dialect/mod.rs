@@ -332,7 +332,7 @@ fn report_details(
 /// `timings_per_token`): `cache_n` prompt tokens came from the cache, `prompt_n` were processed
 /// in `prompt_ms`, `predicted_n` were generated in `predicted_ms` (`server_slot_stats::to_json`
 /// in `tools/server/server-common.cpp`).
-#[derive(Deserialize)]
+#[derive(Deserialize, Debug, Clone, Copy)]
 struct Timings {
     #[serde(default)]
     cache_n: Count,

@@ -40,7 +40,7 @@ use super::{
 
 /// One chunk of a stream, or a whole body: only the fields that matter here. Everything else
 /// (`id`, `logprobs`, `system_fingerprint`, `obfuscation`, ...) is skipped by serde unread.
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Debug, Default, Clone, Copy)]
 struct Chunk {
     #[serde(default)]
     choices: Choices,
@@ -100,8 +100,8 @@ impl Usage {
             };
             fields.first(field)?;
             match field {
-                0 => usage.completion_tokens = Count::of(holes.raw(cursor, Hole::Completion)?),
-                1 => usage.prompt_tokens = Count::of(holes.raw(cursor, Hole::Prompt)?),
+                0 => usage.completion_tokens = Count::of(holes.take(cursor, |_| Hole::Completion)?),
+                1 => usage.prompt_tokens = Count::of(holes.take(cursor, |_| Hole::Prompt)?),
                 2 => usage.reasoning_tokens = Count::of(cursor.raw()?),
                 3 => usage.prompt_cache_hit_tokens = Count::of(cursor.raw()?),
                 4 => {
@@ -247,31 +247,24 @@ impl Holes {
         self.list[..usize::from(self.len)].iter()
     }
 
-    /// Checks and consumes a value the reading ignores.
-    fn skip(&mut self, cursor: &mut Cursor) -> Option<()> {
-        cursor.peek()?;
-        let start = cursor.position();
-        cursor.skip_value()?;
-        self.push(start, cursor.position(), Hole::Skipped);
-        Some(())
-    }
-
-    /// The raw text of a value the reading takes as `hole` says.
-    fn raw<'a>(&mut self, cursor: &mut Cursor<'a>, hole: Hole) -> Option<&'a [u8]> {
+    /// Checks and consumes the next value, noted as the hole `kind` makes of its text; its text.
+    fn take<'a>(&mut self, cursor: &mut Cursor<'a>, kind: fn(&[u8]) -> Hole) -> Option<&'a [u8]> {
         cursor.peek()?;
         let start = cursor.position();
         let raw = cursor.raw()?;
-        self.push(start, cursor.position(), hole);
+        self.push(start, cursor.position(), kind(raw));
         Some(raw)
+    }
+
+    /// A value the reading ignores.
+    fn skip(&mut self, cursor: &mut Cursor) -> Option<()> {
+        self.take(cursor, |_| Hole::Skipped).map(drop)
     }
 
     /// A value whose shape is what the reading takes.
     fn shape(&mut self, cursor: &mut Cursor) -> Option<Shape> {
-        cursor.peek()?;
-        let start = cursor.position();
-        let shape = Shape::of(cursor.raw()?);
-        self.push(start, cursor.position(), Hole::Shaped(shape));
-        Some(shape)
+        self.take(cursor, |raw| Hole::Shaped(Shape::of(raw)))
+            .map(Shape::of)
     }
 }
 
@@ -286,16 +279,8 @@ impl Holes {
 struct Template {
     bytes: Vec<u8>,
     holes: Holes,
-    reading: Option<Reading>,
-}
-
-/// What the cursor reads of a chunk (`timings` are serde_json's to read).
-#[derive(Debug, Clone, Copy)]
-struct Reading {
-    choices: Choices,
-    usage: Option<Usage>,
-    error: Alarm,
-    object: Alarm,
+    /// The template's reading (the cursor's: never `timings`, which are serde_json's to read).
+    reading: Option<Chunk>,
 }
 
 /// Longer chunks are read whole every time rather than kept (and hole positions fit in `u16`).
@@ -314,12 +299,7 @@ impl Template {
         if data.len() <= MAX_TEMPLATE && !self.holes.overflow {
             self.bytes.clear();
             self.bytes.extend_from_slice(data);
-            self.reading = Some(Reading {
-                choices: chunk.choices,
-                usage: chunk.usage,
-                error: chunk.error,
-                object: chunk.object,
-            });
+            self.reading = Some(chunk);
         }
         Some(chunk)
     }
@@ -346,13 +326,7 @@ impl Template {
         }
         cursor.literal_bytes(&self.bytes[from..])?;
         cursor.end()?;
-        Some(Chunk {
-            choices: reading.choices,
-            usage,
-            error: reading.error,
-            object: reading.object,
-            timings: None,
-        })
+        Some(Chunk { usage, ..reading })
     }
 }
 
