@@ -150,8 +150,13 @@ impl Conn {
     }
 
     /// Reads what the socket has into the buffer; `Ok(0)` is the end of the stream.
+    ///
+    /// Room is made once bytes are there to read: by then the frames handed on from the buffer
+    /// have usually been written and dropped, and the room is made in the buffer they leave
+    /// (a new one for every few frames otherwise, while the last frame waits to be written).
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         if self.read.capacity() - self.read.len() < self.read_size / 2 {
+            ready!(self.stream.poll_read_ready(cx))?;
             self.read.reserve(self.read_size);
         }
         let room = self.read.capacity() - self.read.len();
@@ -984,6 +989,72 @@ mod tests {
             matches!(listener_gone, Err(ConnectError::Io(_))),
             "the closed connection was not reused; connecting anew found no listener"
         );
+    }
+
+    /// A stream's frames are cut from the connection's read buffer. Made room for while the
+    /// last frame was still queued for the client (the poll after a frame, which finds nothing
+    /// to read), the buffer was shared, and a new one was taken every few frames; made room for
+    /// once bytes are there, it is the same buffer for the whole stream.
+    #[tokio::test]
+    async fn a_stream_reads_into_the_buffer_its_written_frames_leave() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (go, mut went) = tokio::sync::mpsc::channel::<Vec<u8>>(1);
+        let server = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = socket.read(&mut buf).await.unwrap();
+            while let Some(piece) = went.recv().await {
+                socket.write_all(&piece).await.unwrap();
+            }
+        });
+        let mut conn = Conn::new(TcpStream::connect(addr).await.unwrap());
+        go.send(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n".to_vec())
+            .await
+            .unwrap();
+        let (_, framing) = conn
+            .exchange(request(Method::POST, Vec::new()))
+            .await
+            .map_err(|unsent| unsent.error)
+            .unwrap();
+        let pool = Arc::new(Pool::new(addr.to_string(), Duration::from_secs(5)));
+        let mut body = PooledBody::new(conn, framing, pool);
+        let event = format!(
+            "data: {{\"choices\":[{{\"delta\":{{\"content\":\"{}\"}}}}]}}\n\n",
+            "x".repeat(60)
+        );
+        let mut buffers: Vec<usize> = Vec::new();
+        for _ in 0..40 {
+            go.send(format!("{:x}\r\n{event}\r\n", event.len()).into_bytes())
+                .await
+                .unwrap();
+            let frame = body.frame().await.unwrap().unwrap();
+            let data = frame.into_data().unwrap();
+            assert_eq!(data, event.as_bytes());
+            // As the connection loop does: poll on (nothing more yet) with the frame queued,
+            // then write it and drop it.
+            let pending = std::future::poll_fn(|cx| {
+                Poll::Ready(Pin::new(&mut body).poll_frame(cx).is_pending())
+            })
+            .await;
+            assert!(pending);
+            let at = data.as_ptr() as usize;
+            if !buffers
+                .iter()
+                .any(|&seen| seen.abs_diff(at) < READ_BUFFER_MIN)
+            {
+                buffers.push(at);
+            }
+            drop(data);
+        }
+        assert_eq!(
+            buffers.len(),
+            1,
+            "40 frames of {} bytes came from {} buffers",
+            event.len(),
+            buffers.len()
+        );
+        server.abort();
     }
 
     /// An upload to an upstream that does not read used to be taken from the client 16 frames
