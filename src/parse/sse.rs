@@ -140,6 +140,16 @@ impl SseFramer {
         if frame.is_empty() {
             return;
         }
+        if let Some(data) = self.lone_data(frame) {
+            // A CR that ended the last frame was a line end of its own: no LF starts this one.
+            self.pending_cr = false;
+            if self.fits(data.len(), 0) {
+                sink.event(&[], data);
+            } else {
+                sink.oversized();
+            }
+            return;
+        }
         let mut pos = 0;
         if self.pending_cr {
             self.pending_cr = false;
@@ -169,6 +179,24 @@ impl SseFramer {
         }
         // Ranges into this frame die with it.
         self.detach(frame);
+    }
+
+    /// The data of a frame that is one whole event of one `data` line (`data: {..}\n\n`) and
+    /// starts where no line or event is open: nearly every frame of a stream, read with one
+    /// search for a line end instead of line by line.
+    fn lone_data<'a>(&self, frame: &'a [u8]) -> Option<&'a [u8]> {
+        if self.partial != Partial::None
+            || self.data != Held::Absent
+            || self.kind != Held::Absent
+            || self.oversized
+        {
+            return None;
+        }
+        let line = frame.strip_prefix(b"data:")?.strip_suffix(b"\n\n")?;
+        if memchr2(b'\r', b'\n', line).is_some() {
+            return None;
+        }
+        Some(line.strip_prefix(b" ").unwrap_or(line))
     }
 
     /// Finds the end of the line starting at `from`: the index of its terminator and where the
@@ -873,8 +901,34 @@ mod tests {
         ]
     }
 
+    /// A frame of whole events, most of them one `data` line each (what servers send), or
+    /// anything else.
+    fn event_frame() -> impl Strategy<Value = Vec<u8>> {
+        let value = proptest::collection::vec(
+            prop_oneof![Just(b' '), Just(b'x'), Just(b'{'), Just(b'\r'), Just(b'\n')],
+            0..8,
+        );
+        prop_oneof![
+            4 => (prop_oneof![Just("data:"), Just("data: "), Just("data:  ")], value)
+                .prop_map(|(field, value)| [field.as_bytes(), &value, b"\n\n"].concat()),
+            1 => proptest::collection::vec(piece(), 0..6).prop_map(|pieces| pieces.concat()),
+        ]
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// Frames that are whole events, read one `data` line at a time or line by line, hand
+        /// over what the reference reads.
+        #[test]
+        fn whole_event_frames_match_the_reference(
+            frames in proptest::collection::vec(event_frame(), 0..12),
+            max in prop_oneof![Just(usize::MAX), 0usize..6],
+        ) {
+            let bytes = frames.concat();
+            let frames: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
+            prop_assert_eq!(frames_of(&frames, max), reference(&bytes, max));
+        }
 
         /// The incremental framer, zero-copy path, buffers and all, hands over exactly the events
         /// that the plain reference reads, wherever the frames are cut.
