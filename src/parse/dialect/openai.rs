@@ -313,7 +313,16 @@ impl Template {
         for &(start, end, hole) in self.holes.iter() {
             cursor.literal_bytes(&self.bytes[from..start as usize])?;
             match hole {
-                Hole::Skipped => cursor.skip_value()?,
+                // Most values the reading ignores are the template's own (`id`, `model`): the
+                // same bytes, known well-formed, need no reading. Not a number, which the same
+                // bytes may only begin (`12` of `123`): numbers are read, and cheaply.
+                Hole::Skipped => {
+                    let same = &self.bytes[start as usize..end as usize];
+                    let number = matches!(same.first(), Some(b'-' | b'0'..=b'9'));
+                    if number || cursor.literal_bytes(same).is_none() {
+                        cursor.skip_value()?;
+                    }
+                }
                 Hole::Shaped(shape) => {
                     if Shape::of(cursor.raw()?) != shape {
                         return None;

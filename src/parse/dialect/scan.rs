@@ -224,9 +224,9 @@ impl<'a> Cursor<'a> {
     }
 
     fn digits(&mut self) {
-        while self.text.get(self.at).is_some_and(u8::is_ascii_digit) {
-            self.at += 1;
-        }
+        // Counted on a slice, not stepped through `self.at` (which the loop would store each time).
+        let rest = self.text.get(self.at..).unwrap_or(&[]);
+        self.at += rest.iter().take_while(|b| b.is_ascii_digit()).count();
     }
 
     fn some_digits(&mut self) -> Option<()> {
