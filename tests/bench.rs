@@ -479,6 +479,38 @@ async fn level_duration_stops_new_requests_and_lets_the_rest_finish() -> TestRes
     Ok(())
 }
 
+/// `--stagger`: a level's concurrent requests start one step apart, not together; each one
+/// that ends is followed at once by the next, as without it.
+#[tokio::test(start_paused = true)]
+async fn stagger_starts_a_levels_requests_one_step_apart() -> TestResult {
+    // 16 tokens of 50 ms: a request outlasts the three steps of the ramp.
+    let sim = start(|c| c.decode_step = Duration::from_millis(50)).await?;
+    let step = Duration::from_millis(100);
+    let mut a = args(&sim, &[4], 8, 16);
+    a.stagger = Some(step);
+    let sweep = bench::run_with(&a, &bench::progress::Silent).await;
+    let level = &sweep.levels[0];
+    assert_eq!((level.records.len(), level.errors), (8, 0));
+    let mut by_slot: Vec<_> = level.records.iter().collect();
+    by_slot.sort_by_key(|r| r.request_id);
+    let ms = |d: Duration| d.as_millis();
+    let first: Vec<u128> = by_slot[..4].iter().map(|r| ms(r.start)).collect();
+    assert_eq!(first, [0, 100, 200, 300]);
+    // The rest replace the ones that ended: never more than four in flight, and the fifth
+    // follows the first.
+    let first_end = by_slot[0].start + by_slot[0].e2e;
+    assert!(by_slot[4].start >= first_end, "{:?}", by_slot[4].start);
+    // Without it, all four go at once.
+    a.stagger = None;
+    let sweep = bench::run_with(&a, &bench::progress::Silent).await;
+    let starts: Vec<u128> = sorted_starts(&sweep.levels[0])
+        .iter()
+        .map(|d| ms(*d))
+        .collect();
+    assert_eq!(starts[..4], [0, 0, 0, 0]);
+    Ok(())
+}
+
 #[tokio::test(start_paused = true)]
 async fn compare_reports_the_added_prefill_of_b() -> TestResult {
     let sim_a = start(|_| {}).await?;

@@ -58,6 +58,12 @@ pub struct BenchArgs {
     /// Stop sending new requests this long into each level; those in flight still finish.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub level_duration: Option<Duration>,
+    /// Closed loop: start each level's concurrent requests this long apart (the first at
+    /// once) instead of all together. Requests sent together reach the server in any order, so
+    /// one counted second in flight may be the one that queues; spaced out, each arrives into
+    /// the load it is counted in.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, conflicts_with = "rate")]
+    pub stagger: Option<Duration>,
     /// Open loop: at most this many requests in flight; an arrival past it waits (and the
     /// report says how many did).
     #[arg(long, value_name = "N", default_value = "1024", value_parser = clap::value_parser!(u32).range(1..=100_000))]
@@ -330,30 +336,34 @@ impl Driver<'_> {
             peak = peak.max(in_flight.len() + 1);
             in_flight.spawn(self.request(slots, slot, load, concurrency, now - started));
         };
-        match load {
-            Load::Concurrency(c) => {
-                let now = Instant::now();
-                while next < slots.total.min(c) && deadline.is_none_or(|d| now < d) {
-                    launch(&mut in_flight, next, now);
-                    next += 1;
-                }
+        // Closed loop: the level's concurrent requests still to start, one `stagger` apart.
+        let stagger = args.stagger.filter(|s| !s.is_zero());
+        let mut to_start = 0u32;
+        if let Load::Concurrency(c) = load {
+            let now = Instant::now();
+            let at_once = if stagger.is_some() { 1 } else { c };
+            while next < slots.total.min(at_once) && deadline.is_none_or(|d| now < d) {
+                launch(&mut in_flight, next, now);
+                next += 1;
             }
-            Load::Rate(_) => {}
+            to_start = c.saturating_sub(at_once);
         }
+        let mut starts = 0u32;
         let mut arrivals = match load {
             Load::Rate(rate) => Some(workload::Arrivals::new(rate, args.seed)),
             Load::Concurrency(_) => None,
         };
-        let mut due = match &mut arrivals {
-            Some(a) => started + a.gap(),
-            None => started,
+        let mut due = match (&mut arrivals, stagger) {
+            (Some(a), _) => started + a.gap(),
+            (None, Some(stagger)) => started + stagger,
+            (None, None) => started,
         };
         loop {
             // Past the level's duration nothing more is sent; no need to sleep until then.
-            if arrivals.is_some() && deadline.is_some_and(|d| due >= d) {
+            if (arrivals.is_some() || to_start > 0) && deadline.is_some_and(|d| due >= d) {
                 stopped = true;
             }
-            let arrive = arrivals.is_some()
+            let arrive = (arrivals.is_some() || starts < to_start)
                 && !stopped
                 && next < slots.total
                 && in_flight.len() < max_in_flight;
@@ -362,9 +372,14 @@ impl Driver<'_> {
                 () = tokio::time::sleep_until(due), if arrive => {
                     launch(&mut in_flight, next, Instant::now());
                     next += 1;
-                    if let Some(a) = &mut arrivals {
+                    match (&mut arrivals, stagger) {
                         // Due times are absolute, so a late wake-up does not slow the rate.
-                        due += a.gap();
+                        (Some(a), _) => due += a.gap(),
+                        (None, Some(stagger)) => {
+                            starts += 1;
+                            due += stagger;
+                        }
+                        (None, None) => {}
                     }
                 }
                 Some(done) = in_flight.join_next(), if !in_flight.is_empty() => {
