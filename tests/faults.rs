@@ -616,3 +616,44 @@ async fn a_paused_http2_reader_shows_its_pause_in_max_itl() {
         "max ITL {max_itl} ms for a {PAUSE:?} pause: {r}"
     );
 }
+
+/// An upstream whose body is in another transfer coding besides chunked (`gzip, chunked`): the
+/// proxy re-chunks the body, and the client's `Transfer-Encoding` must still name `gzip`, or it
+/// would take the compressed bytes for the body itself.
+#[tokio::test]
+async fn a_transfer_coding_besides_chunked_is_named_to_the_client() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let upstream = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = socket.read(&mut buf).await.unwrap();
+            if n == 0 {
+                return;
+            }
+            seen.extend_from_slice(&buf[..n]);
+        }
+        socket
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\ntransfer-encoding: gzip, chunked\r\n\r\n5\r\nGZIP!\r\n0\r\n\r\n")
+            .await
+            .unwrap();
+        let _ = socket.read(&mut buf).await;
+    });
+    let p = proxy(addr, |_| {}).await;
+    let answer = raw(
+        p.running.listen,
+        b"GET /blob HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    let (head, body) = answer.split_once("\r\n\r\n").expect("a whole head");
+    assert!(head.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(
+        head.lines()
+            .any(|l| l.eq_ignore_ascii_case("transfer-encoding: gzip, chunked")),
+        "{head}"
+    );
+    assert_eq!(body, "5\r\nGZIP!\r\n0\r\n\r\n");
+    upstream.abort();
+}

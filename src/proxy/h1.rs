@@ -44,6 +44,7 @@ use tokio::time::Instant;
 
 use super::client_body::{ClientBody, Handback, Streamed};
 use super::codec::{put_field, Decoder, WriteQueue};
+use super::upstream::TransferCodings;
 
 /// Request header fields at most (hyper's default too); more is a 431.
 pub(crate) const MAX_HEADERS: usize = 100;
@@ -418,6 +419,7 @@ impl Client {
             framing,
             keep,
             exchange.keep_alive,
+            parts.extensions.get::<TransferCodings>(),
         ));
         ReadyHead {
             writer,
@@ -544,6 +546,7 @@ impl Client {
             Out::Exact(0),
             false,
             false,
+            None,
         ));
         let _ = tokio::time::timeout(within, self.flush(&mut writer)).await;
     }
@@ -564,6 +567,10 @@ enum Out {
 }
 
 /// The response head, with the fields the framing and the connection need.
+///
+/// `codings`: transfer codings the body's bytes are in besides chunked (see
+/// [`TransferCodings`]), named before `chunked`. An HTTP/1.0 client, which has no transfer
+/// codings, gets the bytes as they are.
 fn encode_head(
     version: Version,
     status: StatusCode,
@@ -571,6 +578,7 @@ fn encode_head(
     framing: Out,
     keep: bool,
     asked_keep_alive: bool,
+    codings: Option<&TransferCodings>,
 ) -> Bytes {
     let mut out = Vec::with_capacity(
         64 + headers
@@ -607,7 +615,14 @@ fn encode_head(
             out.extend_from_slice(n.to_string().as_bytes());
             out.extend_from_slice(b"\r\n");
         }
-        Out::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+        Out::Chunked => {
+            out.extend_from_slice(b"transfer-encoding: ");
+            if let Some(TransferCodings(codings)) = codings {
+                out.extend_from_slice(codings.as_bytes());
+                out.extend_from_slice(b", ");
+            }
+            out.extend_from_slice(b"chunked\r\n");
+        }
         Out::None | Out::Length(_) | Out::Close => {}
     }
     if !keep {

@@ -111,6 +111,45 @@ pub(crate) enum Framing {
     Close,
 }
 
+/// The transfer codings an upstream applied besides the final `chunked` (`gzip` of
+/// `Transfer-Encoding: gzip, chunked`), kept in the response's extensions: the field is
+/// hop-by-hop and goes, but the body's bytes stay in those codings, so the client's framing must
+/// name them again.
+#[derive(Debug, Clone)]
+pub(crate) struct TransferCodings(pub(crate) HeaderValue);
+
+impl TransferCodings {
+    /// The codings of a response's `Transfer-Encoding` fields but a last `chunked`, if any.
+    fn of(headers: &HeaderMap) -> Option<TransferCodings> {
+        // Nearly every response says just `chunked`: no list to build.
+        let mut fields = headers.get_all(header::TRANSFER_ENCODING).iter();
+        if let (Some(only), None) = (fields.next(), fields.next()) {
+            if only.as_bytes().trim_ascii().eq_ignore_ascii_case(b"chunked") {
+                return None;
+            }
+        }
+        let mut codings: Vec<&str> = headers
+            .get_all(header::TRANSFER_ENCODING)
+            .iter()
+            .flat_map(|v| v.to_str().unwrap_or("").split(','))
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .collect();
+        if codings
+            .last()
+            .is_some_and(|c| c.eq_ignore_ascii_case("chunked"))
+        {
+            codings.pop();
+        }
+        if codings.is_empty() {
+            return None;
+        }
+        HeaderValue::from_str(&codings.join(", "))
+            .ok()
+            .map(TransferCodings)
+    }
+}
+
 /// One upstream connection.
 pub(crate) struct Conn {
     stream: TcpStream,
@@ -392,6 +431,11 @@ fn parse_head(
         let mut response = Response::new(());
         *response.status_mut() = status;
         *response.version_mut() = version;
+        if framing != Framing::Empty && headers.contains_key(header::TRANSFER_ENCODING) {
+            if let Some(codings) = TransferCodings::of(&headers) {
+                response.extensions_mut().insert(codings);
+            }
+        }
         *response.headers_mut() = headers;
         return Ok(Some((response, framing, keep_alive)));
     }
@@ -989,6 +1033,25 @@ mod tests {
             matches!(listener_gone, Err(ConnectError::Io(_))),
             "the closed connection was not reused; connecting anew found no listener"
         );
+    }
+
+    #[test]
+    fn transfer_codings_besides_a_last_chunked_are_kept() {
+        let codings = |fields: &[&'static str]| {
+            let mut headers = HeaderMap::new();
+            for f in fields {
+                headers.append(header::TRANSFER_ENCODING, HeaderValue::from_static(f));
+            }
+            TransferCodings::of(&headers).map(|TransferCodings(v)| v)
+        };
+        assert_eq!(codings(&["gzip, chunked"]).unwrap(), "gzip");
+        assert_eq!(codings(&["gzip", "Chunked"]).unwrap(), "gzip");
+        assert_eq!(codings(&["x-a,gzip ,chunked"]).unwrap(), "x-a, gzip");
+        // Not chunked last: the body runs to the close, and all of them apply.
+        assert_eq!(codings(&["gzip"]).unwrap(), "gzip");
+        assert!(codings(&["chunked"]).is_none());
+        assert!(codings(&[" chunked , "]).is_none());
+        assert!(codings(&[]).is_none());
     }
 
     /// A stream's frames are cut from the connection's read buffer. Made room for while the
