@@ -124,7 +124,11 @@ impl TransferCodings {
         // Nearly every response says just `chunked`: no list to build.
         let mut fields = headers.get_all(header::TRANSFER_ENCODING).iter();
         if let (Some(only), None) = (fields.next(), fields.next()) {
-            if only.as_bytes().trim_ascii().eq_ignore_ascii_case(b"chunked") {
+            if only
+                .as_bytes()
+                .trim_ascii()
+                .eq_ignore_ascii_case(b"chunked")
+            {
                 return None;
             }
         }
