@@ -121,19 +121,22 @@ pub(crate) struct TransferCodings(pub(crate) HeaderValue);
 impl TransferCodings {
     /// The codings of a response's `Transfer-Encoding` fields but a last `chunked`, if any.
     fn of(headers: &HeaderMap) -> Option<TransferCodings> {
-        // Nearly every response says just `chunked`: no list to build.
-        let mut fields = headers.get_all(header::TRANSFER_ENCODING).iter();
-        if let (Some(only), None) = (fields.next(), fields.next()) {
-            if only
-                .as_bytes()
-                .trim_ascii()
-                .eq_ignore_ascii_case(b"chunked")
+        // Nearly every response says nothing or just `chunked`: no list to build.
+        let fields = headers.get_all(header::TRANSFER_ENCODING);
+        let mut first_two = fields.iter();
+        match (first_two.next(), first_two.next()) {
+            (None, _) => return None,
+            (Some(only), None)
+                if only
+                    .as_bytes()
+                    .trim_ascii()
+                    .eq_ignore_ascii_case(b"chunked") =>
             {
-                return None;
+                return None
             }
+            _ => {}
         }
-        let mut codings: Vec<&str> = headers
-            .get_all(header::TRANSFER_ENCODING)
+        let mut codings: Vec<&str> = fields
             .iter()
             .flat_map(|v| v.to_str().unwrap_or("").split(','))
             .map(str::trim)
@@ -435,7 +438,7 @@ fn parse_head(
         let mut response = Response::new(());
         *response.status_mut() = status;
         *response.version_mut() = version;
-        if framing != Framing::Empty && headers.contains_key(header::TRANSFER_ENCODING) {
+        if framing != Framing::Empty {
             if let Some(codings) = TransferCodings::of(&headers) {
                 response.extensions_mut().insert(codings);
             }

@@ -348,7 +348,6 @@ impl Driver<'_> {
             }
             to_start = c.saturating_sub(at_once);
         }
-        let mut starts = 0u32;
         let mut arrivals = match load {
             Load::Rate(rate) => Some(workload::Arrivals::new(rate, args.seed)),
             Load::Concurrency(_) => None,
@@ -363,7 +362,7 @@ impl Driver<'_> {
             if (arrivals.is_some() || to_start > 0) && deadline.is_some_and(|d| due >= d) {
                 stopped = true;
             }
-            let arrive = (arrivals.is_some() || starts < to_start)
+            let arrive = (arrivals.is_some() || to_start > 0)
                 && !stopped
                 && next < slots.total
                 && in_flight.len() < max_in_flight;
@@ -376,7 +375,7 @@ impl Driver<'_> {
                         // Due times are absolute, so a late wake-up does not slow the rate.
                         (Some(a), _) => due += a.gap(),
                         (None, Some(stagger)) => {
-                            starts += 1;
+                            to_start -= 1;
                             due += stagger;
                         }
                         (None, None) => {}
