@@ -185,9 +185,16 @@ impl Conn {
         self.received
     }
 
-    /// Whether the server has closed an idle connection (or sent something unasked): one
-    /// `recv` with `MSG_PEEK`, which takes nothing from the socket.
+    /// Whether the server has closed an idle connection (or sent something unasked). The
+    /// connection's last read took all there was, so tokio marked it unreadable; while the
+    /// event loop has seen nothing arrive since, it is open, with no system call (nginx's
+    /// keep-alive cache relies on its event loop the same way). Otherwise one `recv` with
+    /// `MSG_PEEK`, which takes nothing from the socket, says which it was.
     fn is_open(&self) -> bool {
+        let mut quiet = Context::from_waker(std::task::Waker::noop());
+        if self.stream.poll_read_ready(&mut quiet).is_pending() {
+            return true;
+        }
         let mut byte = [MaybeUninit::<u8>::uninit(); 1];
         match socket2::SockRef::from(&self.stream).peek(&mut byte) {
             Err(e) => e.kind() == io::ErrorKind::WouldBlock,
