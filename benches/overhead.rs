@@ -576,11 +576,7 @@ fn print_report(params: &Params, measured: &Measured, context: &Context) {
     }
     // 2. Proxy CPU per 1,000 frames.
     for level in &measured.levels {
-        let values: Vec<Option<f64>> = level
-            .ways
-            .iter()
-            .map(|w| w.proxy_cpu_per_1000(tick_s))
-            .collect();
+        let values: Vec<Option<f64>> = level.ways.iter().map(|w| w.proxy_cpu_per_1000()).collect();
         let cells = values
             .iter()
             .enumerate()
@@ -722,17 +718,18 @@ fn print_report(params: &Params, measured: &Measured, context: &Context) {
         "Concurrent streams, per way (raw; frames are SSE events as the clients received them):"
     );
     println!();
-    println!("| streams | way | frames/s | proxy CPU s per 1,000 | bench CPU s per 1,000 | proxy RSS MiB | streams counted | with a gap > 2× pace | TTFT p50 | TTFT p99 | per-event p50 | per-event p99 | upstream connections opened | failed | others' share of the machine |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| streams | way | frames/s | proxy CPU s per 1,000 | the same, rounds' range | bench CPU s per 1,000 | proxy RSS MiB | streams counted | with a gap > 2× pace | TTFT p50 | TTFT p99 | per-event p50 | per-event p99 | upstream connections opened | failed | others' share of the machine |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for level in &measured.levels {
         for (name, way) in names.iter().zip(&level.ways) {
             let at = |samples: &[u64], p| or_na(percentile(samples, p).map(human));
             println!(
-                "| {} | {name} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {name} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 level.streams,
                 or_na(way.events_per_second().map(thousands)),
-                or_na(way.proxy_cpu_per_1000(tick_s).map(|v| format!("{v:.4}"))),
-                or_na(way.bench_cpu_per_1000(tick_s).map(|v| format!("{v:.4}"))),
+                or_na(way.proxy_cpu_per_1000().map(|v| format!("{v:.4}"))),
+                or_na(range(&way.rounds_cpu_per_1000)),
+                or_na(way.bench_cpu_per_1000().map(|v| format!("{v:.4}"))),
                 or_na(way.max_rss_kib.map(mib)),
                 way.streams,
                 or_na(way.gapped_share().map(|s| format!("{:.1} %", 100.0 * s))),
@@ -771,7 +768,7 @@ fn print_report(params: &Params, measured: &Measured, context: &Context) {
         bytes.checked_div(events).unwrap_or(0),
     );
     println!(
-        "- per level and way: {} round(s), each with a {} s window that opens 1.25 stream lengths after the round starts (all streams running); the ways rotate round by round. CPU is utime + stime from /proc/PID/stat over the window (ticks of {:.0} ms) divided by the frames delivered in it; RSS is the largest of five VmRSS readings in the window; a stream counts towards the gap share if it started and ended inside a window",
+        "- per level and way: {} round(s), each with a {} s window that opens 1.25 stream lengths after the round starts (all streams running); the ways rotate round by round. CPU is the time the process's threads ran over the window (/proc/PID/task/*/schedstat, to the nanosecond; utime + stime in ticks of {:.0} ms if a thread came or went) divided by the frames delivered in it; RSS is the largest of five VmRSS readings in the window; a stream counts towards the gap share if it started and ended inside a window",
         params.rounds,
         params.window.as_secs_f64(),
         tick_s * 1e3
@@ -909,4 +906,37 @@ fn print_targets(
             }
         );
     }
+    // One round's CPU figure moves far more with the machine than the proxies differ: within a
+    // round the ways take turns seconds apart, so each round's own ratio is steadier.
+    for level in &measured.levels {
+        let (tr, nr) = (
+            &level.ways[t].rounds_cpu_per_1000,
+            &level.ways[n].rounds_cpu_per_1000,
+        );
+        if tr.len() != nr.len() || tr.is_empty() {
+            continue;
+        }
+        let mut ratios: Vec<f64> = tr.iter().zip(nr).map(|(t, n)| t / n).collect();
+        ratios.sort_by(f64::total_cmp);
+        let mid = ratios.len() / 2;
+        let median = if ratios.len() % 2 == 0 {
+            (ratios[mid - 1] + ratios[mid]) / 2.0
+        } else {
+            ratios[mid]
+        };
+        println!(
+            "- (CPU per frame at {} streams, tokenmeter / nginx round by round: median {median:.2}, {:.2}–{:.2} over {} rounds)",
+            level.streams,
+            ratios[0],
+            ratios[ratios.len() - 1],
+            ratios.len()
+        );
+    }
+}
+
+/// The lowest and highest of some rounds' figures, `None` for none.
+fn range(values: &[f64]) -> Option<String> {
+    let lowest = values.iter().copied().reduce(f64::min)?;
+    let highest = values.iter().copied().reduce(f64::max)?;
+    Some(format!("{lowest:.4}–{highest:.4}"))
 }

@@ -248,9 +248,13 @@ pub(crate) struct Concurrent {
     /// Measuring window time, in nanoseconds, and the SSE events delivered in it.
     pub(crate) window_ns: u64,
     pub(crate) events_in_window: u64,
-    /// CPU ticks of the way's proxy process and of this bench process in the windows.
-    pub(crate) proxy_ticks: Option<u64>,
-    pub(crate) bench_ticks: Option<u64>,
+    /// CPU time, in nanoseconds, of the way's proxy process and of this bench process in the
+    /// windows.
+    pub(crate) proxy_cpu_ns: Option<u64>,
+    pub(crate) bench_cpu_ns: Option<u64>,
+    /// The proxy's CPU seconds per 1,000 events in each round on its own: how far one round's
+    /// figure moves from the next.
+    pub(crate) rounds_cpu_per_1000: Vec<f64>,
     /// The largest VmRSS of the proxy sampled in the windows.
     pub(crate) max_rss_kib: Option<u64>,
     /// Busy ticks of other processes and all ticks of the machine in the windows: whether this
@@ -270,22 +274,23 @@ pub(crate) struct Concurrent {
     pub(crate) failures: Vec<String>,
 }
 
+/// CPU seconds per 1,000 events.
+fn per_1000(cpu_ns: u64, events: u64) -> Option<f64> {
+    (events > 0).then(|| cpu_ns as f64 / 1e9 / events as f64 * 1000.0)
+}
+
 impl Concurrent {
     pub(crate) fn events_per_second(&self) -> Option<f64> {
         (self.window_ns > 0).then(|| self.events_in_window as f64 * 1e9 / self.window_ns as f64)
     }
 
     /// CPU seconds per 1,000 events delivered, of the proxy (`None` for the direct way).
-    pub(crate) fn proxy_cpu_per_1000(&self, tick_s: f64) -> Option<f64> {
-        let ticks = self.proxy_ticks?;
-        (self.events_in_window > 0)
-            .then(|| ticks as f64 * tick_s / self.events_in_window as f64 * 1000.0)
+    pub(crate) fn proxy_cpu_per_1000(&self) -> Option<f64> {
+        per_1000(self.proxy_cpu_ns?, self.events_in_window)
     }
 
-    pub(crate) fn bench_cpu_per_1000(&self, tick_s: f64) -> Option<f64> {
-        let ticks = self.bench_ticks?;
-        (self.events_in_window > 0)
-            .then(|| ticks as f64 * tick_s / self.events_in_window as f64 * 1000.0)
+    pub(crate) fn bench_cpu_per_1000(&self) -> Option<f64> {
+        per_1000(self.bench_cpu_ns?, self.events_in_window)
     }
 
     /// The share of the machine other processes took in this way's windows.
@@ -371,8 +376,9 @@ pub(crate) async fn concurrent_round(
     let at = |ns: u64| epoch + Duration::from_nanos(ns);
     tokio::time::sleep_until(at(window_start)).await;
     let bench_pid = std::process::id();
-    let proxy_before = way.pid.and_then(procfs::cpu_ticks);
-    let bench_before = procfs::cpu_ticks(bench_pid);
+    let tick_ns = 1_000_000_000 / procfs::clock_ticks_per_second();
+    let proxy_before = way.pid.and_then(procfs::cpu_reading);
+    let bench_before = procfs::cpu_reading(bench_pid);
     let machine_before = procfs::machine_ticks().zip(procfs::ticks_of(ours));
     let opened = Instant::now();
     let perf_children = match (perf, way.pid) {
@@ -387,15 +393,19 @@ pub(crate) async fn concurrent_round(
         }
     }
     tokio::time::sleep_until(at(window_end)).await;
-    let proxy_after = way.pid.and_then(procfs::cpu_ticks);
-    let bench_after = procfs::cpu_ticks(bench_pid);
+    let proxy_after = way.pid.and_then(procfs::cpu_reading);
+    let bench_after = procfs::cpu_reading(bench_pid);
     let machine_after = procfs::machine_ticks().zip(procfs::ticks_of(ours));
     let measured = opened.elapsed();
 
     let mut round = Concurrent {
         window_ns: measured.as_nanos() as u64,
-        proxy_ticks: proxy_before.zip(proxy_after).map(|(b, a)| a - b),
-        bench_ticks: bench_before.zip(bench_after).map(|(b, a)| a - b),
+        proxy_cpu_ns: proxy_before
+            .zip(proxy_after)
+            .map(|(b, a)| procfs::cpu_ns_between(&b, &a, tick_ns)),
+        bench_cpu_ns: bench_before
+            .zip(bench_after)
+            .map(|(b, a)| procfs::cpu_ns_between(&b, &a, tick_ns)),
         max_rss_kib: max_rss,
         others: procfs::others_between(machine_before, machine_after),
         ..Concurrent::default()
@@ -406,6 +416,7 @@ pub(crate) async fn concurrent_round(
             Err(e) => round.failures.push(format!("worker panicked: {e}")),
         }
     }
+    round.rounds_cpu_per_1000.extend(round.proxy_cpu_per_1000());
     round.connections = upstream.accepted() - accepted_before;
     (round, perf_children)
 }
@@ -420,8 +431,8 @@ impl Concurrent {
         };
         self.window_ns += other.window_ns;
         self.events_in_window += other.events_in_window;
-        self.proxy_ticks = add(self.proxy_ticks, other.proxy_ticks);
-        self.bench_ticks = add(self.bench_ticks, other.bench_ticks);
+        self.proxy_cpu_ns = add(self.proxy_cpu_ns, other.proxy_cpu_ns);
+        self.bench_cpu_ns = add(self.bench_cpu_ns, other.bench_cpu_ns);
         self.max_rss_kib = self.max_rss_kib.max(other.max_rss_kib);
         self.others = match (self.others, other.others) {
             (Some((o, a)), Some((p, b))) => Some((o + p, a + b)),
@@ -429,6 +440,7 @@ impl Concurrent {
         };
         self.streams += other.streams;
         self.gapped += other.gapped;
+        self.rounds_cpu_per_1000.extend(other.rounds_cpu_per_1000);
         self.ttft_ns.extend(other.ttft_ns);
         self.event_ns.extend(other.event_ns);
         self.events += other.events;
