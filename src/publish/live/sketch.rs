@@ -233,14 +233,10 @@ impl Merged {
 pub(crate) struct GapSketch(pub(super) Sketch);
 
 impl GapSketch {
-    /// One gap between two consecutive output-bearing events.
+    /// One gap between two consecutive output-bearing events (zero for events handed to the
+    /// client in the same frame).
     pub(crate) fn add(&mut self, gap: Duration) {
         self.0.add(gap);
-    }
-
-    /// `n` zero gaps: events handed to the client in the same frame.
-    pub(crate) fn add_zeros(&mut self, n: u32) {
-        self.0.add_zeros(n);
     }
 }
 
