@@ -908,29 +908,30 @@ fn print_targets(
     }
     // One round's CPU figure moves far more with the machine than the proxies differ: within a
     // round the ways take turns seconds apart, so each round's own ratio is steadier.
+    let names: Vec<&str> = context.proxies.iter().map(|(name, _)| *name).collect();
     for level in &measured.levels {
-        let (tr, nr) = (
-            &level.ways[t].rounds_cpu_per_1000,
-            &level.ways[n].rounds_cpu_per_1000,
-        );
-        if tr.len() != nr.len() || tr.is_empty() {
-            continue;
+        let of_nginx = &level.ways[n].rounds_cpu_per_1000;
+        for (at, name) in names.iter().enumerate().map(|(i, name)| (i + 1, name)) {
+            let rounds = &level.ways[at].rounds_cpu_per_1000;
+            if at == n || rounds.len() != of_nginx.len() || rounds.is_empty() {
+                continue;
+            }
+            let mut ratios: Vec<f64> = rounds.iter().zip(of_nginx).map(|(r, n)| r / n).collect();
+            ratios.sort_by(f64::total_cmp);
+            let mid = ratios.len() / 2;
+            let median = if ratios.len() % 2 == 0 {
+                (ratios[mid - 1] + ratios[mid]) / 2.0
+            } else {
+                ratios[mid]
+            };
+            println!(
+                "- (CPU per frame at {} streams, {name} / nginx round by round: median {median:.2}, {:.2}–{:.2} over {} rounds)",
+                level.streams,
+                ratios[0],
+                ratios[ratios.len() - 1],
+                ratios.len()
+            );
         }
-        let mut ratios: Vec<f64> = tr.iter().zip(nr).map(|(t, n)| t / n).collect();
-        ratios.sort_by(f64::total_cmp);
-        let mid = ratios.len() / 2;
-        let median = if ratios.len() % 2 == 0 {
-            (ratios[mid - 1] + ratios[mid]) / 2.0
-        } else {
-            ratios[mid]
-        };
-        println!(
-            "- (CPU per frame at {} streams, tokenmeter / nginx round by round: median {median:.2}, {:.2}–{:.2} over {} rounds)",
-            level.streams,
-            ratios[0],
-            ratios[ratios.len() - 1],
-            ratios.len()
-        );
     }
 }
 
