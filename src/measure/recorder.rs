@@ -72,23 +72,14 @@ struct Active {
     /// The request's model may take a label of its own: the upstream answered with success.
     admit: bool,
     reader: Option<StreamReader>,
-    t_first_byte: Option<Instant>,
-    t_first_token: Option<Instant>,
-    t_first_content: Option<Instant>,
-    t_last_token: Option<Instant>,
-    max_itl: Option<Duration>,
+    /// What every frame reads or writes, together (see [`PerEvent`]).
+    ev: PerEvent,
     /// Every inter-token gap, for the live view's ITL percentiles; merged once at finish.
     itl: GapSketch,
-    /// Gaps not yet counted into `itl` and `itl_local`, and how many.
-    gaps: [Duration; GAPS_HELD],
-    gaps_held: u8,
     /// The gaps for the ITL histogram, counted here without touching the shared family's
     /// atomics per event; flushed into it at most once a second and at finish, so a long
     /// stream's stutter still shows before it ends.
     itl_local: Option<LocalHistogram>,
-    /// When the ITL counts are next flushed into the shared family (at the first gap after).
-    itl_flush_at: Instant,
-    bytes: u64,
     /// Keeps the request counted in the whole process's in-flight total until it finishes.
     _total: TotalGuard,
     in_flight_total_at_start: i64,
@@ -98,6 +89,24 @@ struct Active {
     engine_at_arrival: AtArrival,
     /// What the response head said of the engine's timing (TGI's `x-*-time` headers).
     head_report: EngineReport,
+}
+
+/// What every frame of a response reads or writes, kept together: the rest of a request's
+/// state (1.8 KiB) is touched at its start and finish, and a frame's wake-up finds little of
+/// it in cache (at 20 ms a token, other streams' frames come between).
+#[derive(Debug)]
+struct PerEvent {
+    bytes: u64,
+    t_first_byte: Option<Instant>,
+    t_first_token: Option<Instant>,
+    t_first_content: Option<Instant>,
+    t_last_token: Option<Instant>,
+    max_itl: Option<Duration>,
+    /// When the ITL counts are next flushed into the shared family (at the first gap after).
+    itl_flush_at: Instant,
+    /// Gaps not yet counted into `itl` and `itl_local`, and how many.
+    gaps_held: u8,
+    gaps: [Duration; GAPS_HELD],
 }
 
 /// How the response body was read.
@@ -179,17 +188,19 @@ impl Recorder {
             handles: None,
             admit: false,
             reader: None,
-            t_first_byte: None,
-            t_first_token: None,
-            t_first_content: None,
-            t_last_token: None,
-            max_itl: None,
+            ev: PerEvent {
+                bytes: 0,
+                t_first_byte: None,
+                t_first_token: None,
+                t_first_content: None,
+                t_last_token: None,
+                max_itl: None,
+                itl_flush_at: t_start + ITL_FLUSH_EVERY,
+                gaps_held: 0,
+                gaps: [Duration::ZERO; GAPS_HELD],
+            },
             itl: GapSketch::default(),
             itl_local: None,
-            gaps: [Duration::ZERO; GAPS_HELD],
-            gaps_held: 0,
-            itl_flush_at: t_start + ITL_FLUSH_EVERY,
-            bytes: 0,
             _total: total,
             in_flight_total_at_start,
             read: Read::None,
@@ -355,9 +366,9 @@ impl Active {
         if data.is_empty() {
             return;
         }
-        self.bytes += data.len() as u64;
-        if self.t_first_byte.is_none() {
-            self.t_first_byte = Some(now);
+        self.ev.bytes += data.len() as u64;
+        if self.ev.t_first_byte.is_none() {
+            self.ev.t_first_byte = Some(now);
         }
         if let Some(reader) = self.reader.as_mut() {
             let events = reader.feed(data);
@@ -372,10 +383,10 @@ impl Active {
         if events.output_events == 0 {
             return;
         }
-        let gap = match self.t_last_token {
+        let gap = match self.ev.t_last_token {
             Some(last) => Some(now.saturating_duration_since(last)),
             None => {
-                self.t_first_token = Some(now);
+                self.ev.t_first_token = Some(now);
                 None
             }
         };
@@ -387,36 +398,36 @@ impl Active {
             for _ in 0..zero_gaps {
                 self.hold_gap(Duration::ZERO);
             }
-            if now >= self.itl_flush_at {
+            if now >= self.ev.itl_flush_at {
                 self.count_gaps();
                 if let Some(itl) = &self.itl_local {
                     itl.flush();
                 }
-                self.itl_flush_at = now + ITL_FLUSH_EVERY;
+                self.ev.itl_flush_at = now + ITL_FLUSH_EVERY;
             }
             let largest = gap.unwrap_or(Duration::ZERO);
-            self.max_itl = Some(self.max_itl.map_or(largest, |m| m.max(largest)));
+            self.ev.max_itl = Some(self.ev.max_itl.map_or(largest, |m| m.max(largest)));
         }
-        self.t_last_token = Some(now);
-        if events.content && self.t_first_content.is_none() {
-            self.t_first_content = Some(now);
+        self.ev.t_last_token = Some(now);
+        if events.content && self.ev.t_first_content.is_none() {
+            self.ev.t_first_content = Some(now);
         }
     }
 
     /// Holds one inter-token gap until [`GAPS_HELD`] are here (or the ITL flush, or the finish).
     fn hold_gap(&mut self, gap: Duration) {
-        if usize::from(self.gaps_held) == GAPS_HELD {
+        if usize::from(self.ev.gaps_held) == GAPS_HELD {
             self.count_gaps();
         }
-        self.gaps[usize::from(self.gaps_held)] = gap;
-        self.gaps_held += 1;
+        self.ev.gaps[usize::from(self.ev.gaps_held)] = gap;
+        self.ev.gaps_held += 1;
     }
 
     /// Counts the held gaps into the live view's sketch and the ITL histogram, together: their
     /// code and data are touched once for many events instead of once per event, when they
     /// are cold again (at 20 ms a token, the events of other streams come between).
     fn count_gaps(&mut self) {
-        if self.gaps_held == 0 {
+        if self.ev.gaps_held == 0 {
             return;
         }
         if self.itl_local.is_none() {
@@ -425,11 +436,11 @@ impl Active {
         let Some(histogram) = &self.itl_local else {
             return;
         };
-        for &gap in &self.gaps[..usize::from(self.gaps_held)] {
+        for &gap in &self.ev.gaps[..usize::from(self.ev.gaps_held)] {
             self.itl.add(gap);
             histogram.observe(gap.as_secs_f64());
         }
-        self.gaps_held = 0;
+        self.ev.gaps_held = 0;
     }
 
     /// Publishes the request, consuming what is left of it. A route still pending is decided
@@ -488,7 +499,7 @@ impl Active {
         let output_tokens = usage_tokens.unwrap_or_else(|| summary.map_or(0, |s| s.output_events));
         // With every token handed on at one instant (a non-streaming body) no time per token was
         // seen: TPOT is undefined, not zero (docs/MEASUREMENT.md).
-        let tpot = match (self.t_first_token, self.t_last_token) {
+        let tpot = match (self.ev.t_first_token, self.ev.t_last_token) {
             (Some(first), Some(last)) if output_tokens >= 2 && last > first => Some(
                 last.saturating_duration_since(first)
                     / (output_tokens - 1).min(u32::MAX as u64) as u32,
@@ -497,11 +508,11 @@ impl Active {
         };
         Figures {
             outcome,
-            ttfb: since(self.t_first_byte),
-            ttft: since(self.t_first_token),
-            ttfc: since(self.t_first_content),
+            ttfb: since(self.ev.t_first_byte),
+            ttft: since(self.ev.t_first_token),
+            ttfc: since(self.ev.t_first_content),
             tpot,
-            max_itl: self.max_itl,
+            max_itl: self.ev.max_itl,
             e2e: now.saturating_duration_since(self.t_start),
             output_tokens,
             tokens_from_usage: usage_tokens.is_some(),
@@ -653,7 +664,7 @@ impl Active {
             max_itl_ms: f.max_itl.map(ms),
             e2e_ms: ms(f.e2e),
             in_flight: self.in_flight_at_start,
-            bytes: self.bytes,
+            bytes: self.ev.bytes,
             in_flight_total: self.in_flight_total_at_start,
             reason: end.reason().or(match self.read {
                 Read::Encoded => Some("encoded_stream"),
