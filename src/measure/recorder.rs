@@ -399,10 +399,7 @@ impl Active {
                 self.hold_gap(Duration::ZERO);
             }
             if now >= self.ev.itl_flush_at {
-                self.count_gaps();
-                if let Some(itl) = &self.itl_local {
-                    itl.flush();
-                }
+                self.flush_gaps();
                 self.ev.itl_flush_at = now + ITL_FLUSH_EVERY;
             }
             let largest = gap.unwrap_or(Duration::ZERO);
@@ -430,17 +427,24 @@ impl Active {
         if self.ev.gaps_held == 0 {
             return;
         }
-        if self.itl_local.is_none() {
-            self.itl_local = Some(self.resolve_handles().itl.local());
-        }
-        let Some(histogram) = &self.itl_local else {
-            return;
+        let histogram = match self.itl_local.take() {
+            Some(histogram) => histogram,
+            None => self.resolve_handles().itl.local(),
         };
         for &gap in &self.ev.gaps[..usize::from(self.ev.gaps_held)] {
             self.itl.add(gap);
             histogram.observe(gap.as_secs_f64());
         }
+        self.itl_local = Some(histogram);
         self.ev.gaps_held = 0;
+    }
+
+    /// Counts the held gaps and hands the ITL counts to the shared histogram.
+    fn flush_gaps(&mut self) {
+        self.count_gaps();
+        if let Some(itl) = &self.itl_local {
+            itl.flush();
+        }
     }
 
     /// Publishes the request, consuming what is left of it. A route still pending is decided
@@ -528,10 +532,7 @@ impl Active {
             .as_ref()
             .and_then(|r| r.summary().finish_reason)
             .map(|r| r.as_str());
-        self.count_gaps();
-        if let Some(itl) = &self.itl_local {
-            itl.flush();
-        }
+        self.flush_gaps();
         let h = self.resolve_handles();
         let secs = |d: Duration| d.as_secs_f64();
         if let Some(d) = f.ttfb {

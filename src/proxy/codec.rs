@@ -254,22 +254,12 @@ impl Decoder {
 /// else (a last chunk, extensions, a bare LF, a chunk not all here, a malformed one), which
 /// the general path reads.
 fn whole_chunk(buf: &mut BytesMut) -> Option<Bytes> {
-    let mut size = 0usize;
-    let mut digits = 0;
-    for &b in buf.iter().take(16) {
-        let value = match b {
-            b'0'..=b'9' => b - b'0',
-            b'a'..=b'f' => b - b'a' + 10,
-            b'A'..=b'F' => b - b'A' + 10,
-            _ => break,
-        };
-        size = size << 4 | usize::from(value);
-        digits += 1;
-    }
     // Eight digits at most: a larger chunk is not a stream's frame.
-    if digits == 0 || digits > 8 || size == 0 {
+    let (size, digits) = hex_prefix(buf, 8)?;
+    if digits == 0 || size == 0 {
         return None;
     }
+    let size = size as usize;
     let start = digits + 2;
     let end = start + size;
     if buf.len() < end + 2 || buf[digits..start] != *b"\r\n" || buf[end..end + 2] != *b"\r\n" {
@@ -292,21 +282,7 @@ fn take_up_to(buf: &mut BytesMut, left: u64) -> (Bytes, u64) {
 fn chunk_size(line: &[u8]) -> Result<u64, Malformed> {
     const NOT_HEX: Malformed = Malformed("a chunk size that is not hex");
     let line = line.strip_suffix(b"\r").unwrap_or(line);
-    let mut size = 0u64;
-    let mut digits = 0;
-    for &b in line {
-        let value = match b {
-            b'0'..=b'9' => b - b'0',
-            b'a'..=b'f' => b - b'a' + 10,
-            b'A'..=b'F' => b - b'A' + 10,
-            _ => break,
-        };
-        digits += 1;
-        if digits > 15 {
-            return Err(NOT_HEX);
-        }
-        size = size << 4 | u64::from(value);
-    }
+    let (size, digits) = hex_prefix(line, 15).ok_or(NOT_HEX)?;
     if digits == 0 {
         return Err(NOT_HEX);
     }
@@ -315,6 +291,25 @@ fn chunk_size(line: &[u8]) -> Result<u64, Malformed> {
         return Err(NOT_HEX);
     }
     Ok(size)
+}
+
+/// The hex number `bytes` begins with and how many digits it has (0 for none); `None` if it
+/// has more than `max`.
+fn hex_prefix(bytes: &[u8], max: usize) -> Option<(u64, usize)> {
+    let mut value = 0u64;
+    for (digits, &b) in bytes.iter().enumerate() {
+        let digit = match b {
+            b'0'..=b'9' => b - b'0',
+            b'a'..=b'f' => b - b'a' + 10,
+            b'A'..=b'F' => b - b'A' + 10,
+            _ => return Some((value, digits)),
+        };
+        if digits == max {
+            return None;
+        }
+        value = value << 4 | u64::from(digit);
+    }
+    Some((value, bytes.len()))
 }
 
 /// One trailer field, if it is a valid one (invalid ones are dropped, not fatal).
