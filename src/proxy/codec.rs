@@ -476,6 +476,12 @@ impl WriteQueue {
     }
 
     /// Writes until nothing is queued (`Ready(Ok)`) or the socket is full (`Pending`).
+    ///
+    /// The first write goes straight to the socket. Asking tokio first whether the socket is
+    /// writable reads its readiness record, which nothing else a frame does touches (no event
+    /// comes for a socket that is not full): a cache miss on every frame, for an answer that
+    /// is nearly always yes. A socket that turns out full is written through tokio's readiness
+    /// from then on, which registers the task to be woken when there is room.
     pub(crate) fn poll_write(
         &mut self,
         stream: &TcpStream,
@@ -483,45 +489,64 @@ impl WriteQueue {
     ) -> Poll<io::Result<()>> {
         // What is written from here on may cut into the open chunk: it is closed.
         self.open = None;
+        let mut direct = true;
         while !self.pieces.is_empty() {
-            ready!(stream.poll_write_ready(cx))?;
-            // A frame is three pieces: most writes need a few slots, not the whole array.
-            let written = if self.pieces.len() <= FEW_SLICES {
-                write_gathered::<FEW_SLICES>(stream, &self.pieces)
+            let written = if direct {
+                self.write_front(|slices| socket2::SockRef::from(stream).send_vectored(slices))
             } else {
-                write_gathered::<MAX_SLICES>(stream, &self.pieces)
+                ready!(stream.poll_write_ready(cx))?;
+                self.write_front(|slices| stream.try_write_vectored(slices))
             };
             match written {
                 Ok(0) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
-                Ok(mut n) => {
-                    self.queued -= n;
-                    self.written += n as u64;
-                    while n > 0 {
-                        let Some(front) = self.pieces.front_mut() else {
-                            break;
-                        };
-                        let len = front.as_slice().len();
-                        if n >= len {
-                            n -= len;
-                            self.pieces.pop_front();
-                        } else {
-                            front.advance(n);
-                            n = 0;
-                        }
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Ok(n) => self.consume(n),
+                // tokio may still think the socket writable; its own write finds out, and
+                // forgets that, so the next wait is a real one.
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => direct = false,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Poll::Ready(Err(e)),
             }
         }
         Poll::Ready(Ok(()))
     }
+
+    /// One vectored write of the front of the queue, with `write`.
+    fn write_front(
+        &self,
+        write: impl FnOnce(&[IoSlice<'_>]) -> io::Result<usize>,
+    ) -> io::Result<usize> {
+        // A frame is three pieces: most writes need a few slots, not the whole array.
+        if self.pieces.len() <= FEW_SLICES {
+            write_gathered::<FEW_SLICES>(&self.pieces, write)
+        } else {
+            write_gathered::<MAX_SLICES>(&self.pieces, write)
+        }
+    }
+
+    /// Takes `n` written bytes off the front of the queue.
+    fn consume(&mut self, mut n: usize) {
+        self.queued -= n;
+        self.written += n as u64;
+        while n > 0 {
+            let Some(front) = self.pieces.front_mut() else {
+                break;
+            };
+            let len = front.as_slice().len();
+            if n >= len {
+                n -= len;
+                self.pieces.pop_front();
+            } else {
+                front.advance(n);
+                n = 0;
+            }
+        }
+    }
 }
 
 /// One vectored write of the front of `pieces`, at most `N` of them.
 fn write_gathered<const N: usize>(
-    stream: &TcpStream,
     pieces: &VecDeque<Piece>,
+    write: impl FnOnce(&[IoSlice<'_>]) -> io::Result<usize>,
 ) -> io::Result<usize> {
     let mut slices = [IoSlice::new(&[]); N];
     let (front, back) = pieces.as_slices();
@@ -530,13 +555,14 @@ fn write_gathered<const N: usize>(
         *slot = IoSlice::new(piece.as_slice());
         count += 1;
     }
-    stream.try_write_vectored(&slices[..count])
+    write(&slices[..count])
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::time::Duration;
 
     fn frames(decoder: &mut Decoder, pieces: &[&[u8]]) -> Result<Vec<Frame<Bytes>>, Malformed> {
         let mut buf = BytesMut::new();
@@ -820,5 +846,44 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(got, b"3\r\none\r\n8\r\ntwothree\r\n");
+    }
+
+    /// A socket whose peer stops reading fills: the queue waits (and is woken) for room, and
+    /// what reaches the peer once it reads is everything, in order.
+    #[tokio::test]
+    async fn a_full_socket_is_waited_for_and_loses_nothing() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (mut server, _) = listener.accept().await.unwrap();
+        let mut queue = WriteQueue::default();
+        let mut want = Vec::new();
+        // More than loopback's socket buffers hold, in frames of different bytes.
+        for i in 0..512u32 {
+            let frame = vec![(i % 251) as u8; 64 << 10];
+            want.extend_from_slice(&frame);
+            queue.data(Bytes::from(frame), false);
+        }
+        let first = std::future::poll_fn(|cx| Poll::Ready(queue.poll_write(&client, cx))).await;
+        assert!(first.is_pending(), "32 MiB fit in a socket nobody reads");
+        assert!(queue.written() > 0);
+        let total = want.len();
+        let reader = tokio::spawn(async move {
+            let mut got = vec![0; total];
+            tokio::io::AsyncReadExt::read_exact(&mut server, &mut got)
+                .await
+                .unwrap();
+            got
+        });
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            std::future::poll_fn(|cx| queue.poll_write(&client, cx)),
+        )
+        .await
+        .expect("woken when the socket had room")
+        .unwrap();
+        assert_eq!(queue.written(), total as u64);
+        assert!(reader.await.unwrap() == want, "the bytes arrived changed");
     }
 }
