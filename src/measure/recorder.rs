@@ -33,8 +33,9 @@ use crate::publish::record::{Record, Timestamp};
 
 /// How often a stream's inter-token gaps reach the shared ITL histogram while it goes on.
 const ITL_FLUSH_EVERY: Duration = Duration::from_secs(1);
-/// Inter-token gaps held before they are counted (see `Active::count_gaps`).
-const GAPS_HELD: usize = 16;
+/// Inter-token gaps held before they are counted (see `Active::count_gaps`): as many as fill
+/// [`PerEvent`]'s second cache line.
+const GAPS_HELD: usize = 13;
 
 /// The longest `x-request-id` copied into the record; longer ones are cut.
 const MAX_REQUEST_ID: usize = 128;
@@ -56,7 +57,6 @@ struct Active {
     /// The routes still possible after the head, until the route is decided.
     candidates: Candidates,
     route: Option<Arc<RouteInfo>>,
-    t_start: Instant,
     wall_start: SystemTime,
     method: Method,
     path: Box<str>,
@@ -91,22 +91,57 @@ struct Active {
     head_report: EngineReport,
 }
 
-/// What every frame of a response reads or writes, kept together: the rest of a request's
-/// state (1.8 KiB) is touched at its start and finish, and a frame's wake-up finds little of
-/// it in cache (at 20 ms a token, other streams' frames come between).
+/// What every frame of a response reads or writes, kept together in two cache lines: the rest
+/// of a request's state (1.8 KiB) is touched at its start and finish, and a frame's wake-up
+/// finds little of it in cache (at 20 ms a token, other streams' frames come between). Moments
+/// are nanoseconds since the request started (`origin`), [`NOT_YET`] until they happen; gaps
+/// are held as nanoseconds in 32 bits (a longer one is counted at once).
 #[derive(Debug)]
+#[repr(C, align(64))]
 struct PerEvent {
+    /// When the request's head was read: `t_start` in `docs/MEASUREMENT.md`.
+    origin: Instant,
     bytes: u64,
-    t_first_byte: Option<Instant>,
-    t_first_token: Option<Instant>,
-    t_first_content: Option<Instant>,
-    t_last_token: Option<Instant>,
-    max_itl: Option<Duration>,
+    first_byte: u64,
+    first_token: u64,
+    first_content: u64,
+    last_token: u64,
+    max_itl: u64,
     /// When the ITL counts are next flushed into the shared family (at the first gap after).
-    itl_flush_at: Instant,
+    itl_flush_at: u64,
     /// Gaps not yet counted into `itl` and `itl_local`, and how many.
-    gaps_held: u8,
-    gaps: [Duration; GAPS_HELD],
+    gaps_held: u32,
+    gaps: [u32; GAPS_HELD],
+}
+
+/// A moment (or the largest gap) not seen yet.
+const NOT_YET: u64 = u64::MAX;
+
+impl PerEvent {
+    fn new(origin: Instant) -> PerEvent {
+        PerEvent {
+            origin,
+            bytes: 0,
+            first_byte: NOT_YET,
+            first_token: NOT_YET,
+            first_content: NOT_YET,
+            last_token: NOT_YET,
+            max_itl: NOT_YET,
+            itl_flush_at: ITL_FLUSH_EVERY.as_nanos() as u64,
+            gaps_held: 0,
+            gaps: [0; GAPS_HELD],
+        }
+    }
+
+    /// `now` as nanoseconds since the start (584 years fit).
+    fn at(&self, now: Instant) -> u64 {
+        (now.saturating_duration_since(self.origin).as_nanos() as u64).min(NOT_YET - 1)
+    }
+
+    /// A moment's time since the start, if it happened.
+    fn since(t: u64) -> Option<Duration> {
+        (t != NOT_YET).then(|| Duration::from_nanos(t))
+    }
 }
 
 /// How the response body was read.
@@ -175,7 +210,6 @@ impl Recorder {
             meter,
             candidates,
             route: None,
-            t_start,
             wall_start: SystemTime::now(),
             method: method.clone(),
             // The query string is left out: it may carry keys or user data.
@@ -188,17 +222,7 @@ impl Recorder {
             handles: None,
             admit: false,
             reader: None,
-            ev: PerEvent {
-                bytes: 0,
-                t_first_byte: None,
-                t_first_token: None,
-                t_first_content: None,
-                t_last_token: None,
-                max_itl: None,
-                itl_flush_at: t_start + ITL_FLUSH_EVERY,
-                gaps_held: 0,
-                gaps: [Duration::ZERO; GAPS_HELD],
-            },
+            ev: PerEvent::new(t_start),
             itl: GapSketch::default(),
             itl_local: None,
             _total: total,
@@ -367,8 +391,9 @@ impl Active {
             return;
         }
         self.ev.bytes += data.len() as u64;
-        if self.ev.t_first_byte.is_none() {
-            self.ev.t_first_byte = Some(now);
+        let now = self.ev.at(now);
+        if self.ev.first_byte == NOT_YET {
+            self.ev.first_byte = now;
         }
         if let Some(reader) = self.reader.as_mut() {
             let events = reader.feed(data);
@@ -376,19 +401,19 @@ impl Active {
         }
     }
 
-    /// Output-bearing events handed on at `now`: the first starts TTFT, each one after it is
-    /// an inter-token gap. Events that reach the client in the same frame arrive together, so
-    /// the gaps between them are zero.
-    fn account(&mut self, events: FrameEvents, now: Instant) {
+    /// Output-bearing events handed on at `now` (nanoseconds since the start): the first starts
+    /// TTFT, each one after it is an inter-token gap. Events that reach the client in the same
+    /// frame arrive together, so the gaps between them are zero.
+    fn account(&mut self, events: FrameEvents, now: u64) {
         if events.output_events == 0 {
             return;
         }
-        let gap = match self.ev.t_last_token {
-            Some(last) => Some(now.saturating_duration_since(last)),
-            None => {
-                self.ev.t_first_token = Some(now);
+        let gap = match self.ev.last_token {
+            NOT_YET => {
+                self.ev.first_token = now;
                 None
             }
+            last => Some(now.saturating_sub(last)),
         };
         let zero_gaps = events.output_events - 1;
         if gap.is_some() || zero_gaps > 0 {
@@ -396,27 +421,35 @@ impl Active {
                 self.hold_gap(gap);
             }
             for _ in 0..zero_gaps {
-                self.hold_gap(Duration::ZERO);
+                self.hold_gap(0);
             }
             if now >= self.ev.itl_flush_at {
                 self.flush_gaps();
-                self.ev.itl_flush_at = now + ITL_FLUSH_EVERY;
+                self.ev.itl_flush_at = now + ITL_FLUSH_EVERY.as_nanos() as u64;
             }
-            let largest = gap.unwrap_or(Duration::ZERO);
-            self.ev.max_itl = Some(self.ev.max_itl.map_or(largest, |m| m.max(largest)));
+            let largest = gap.unwrap_or(0);
+            self.ev.max_itl = match self.ev.max_itl {
+                NOT_YET => largest,
+                max => max.max(largest),
+            };
         }
-        self.ev.t_last_token = Some(now);
-        if events.content && self.ev.t_first_content.is_none() {
-            self.ev.t_first_content = Some(now);
+        self.ev.last_token = now;
+        if events.content && self.ev.first_content == NOT_YET {
+            self.ev.first_content = now;
         }
     }
 
-    /// Holds one inter-token gap until [`GAPS_HELD`] are here (or the ITL flush, or the finish).
-    fn hold_gap(&mut self, gap: Duration) {
-        if usize::from(self.ev.gaps_held) == GAPS_HELD {
+    /// Holds one inter-token gap (nanoseconds) until [`GAPS_HELD`] are here (or the ITL flush,
+    /// or the finish); one too long to hold is counted at once.
+    fn hold_gap(&mut self, gap: u64) {
+        let Ok(gap) = u32::try_from(gap) else {
+            self.count(&[Duration::from_nanos(gap)]);
+            return;
+        };
+        if self.ev.gaps_held as usize == GAPS_HELD {
             self.count_gaps();
         }
-        self.ev.gaps[usize::from(self.ev.gaps_held)] = gap;
+        self.ev.gaps[self.ev.gaps_held as usize] = gap;
         self.ev.gaps_held += 1;
     }
 
@@ -424,19 +457,29 @@ impl Active {
     /// code and data are touched once for many events instead of once per event, when they
     /// are cold again (at 20 ms a token, the events of other streams come between).
     fn count_gaps(&mut self) {
-        if self.ev.gaps_held == 0 {
+        let held = self.ev.gaps_held as usize;
+        if held == 0 {
             return;
         }
+        let mut gaps = [Duration::ZERO; GAPS_HELD];
+        for (gap, &nanos) in gaps.iter_mut().zip(&self.ev.gaps[..held]) {
+            *gap = Duration::from_nanos(u64::from(nanos));
+        }
+        self.count(&gaps[..held]);
+        self.ev.gaps_held = 0;
+    }
+
+    /// Counts gaps into the live view's sketch and the ITL histogram.
+    fn count(&mut self, gaps: &[Duration]) {
         let histogram = match self.itl_local.take() {
             Some(histogram) => histogram,
             None => self.resolve_handles().itl.local(),
         };
-        for &gap in &self.ev.gaps[..usize::from(self.ev.gaps_held)] {
+        for &gap in gaps {
             self.itl.add(gap);
             histogram.observe(gap.as_secs_f64());
         }
         self.itl_local = Some(histogram);
-        self.ev.gaps_held = 0;
     }
 
     /// Counts the held gaps and hands the ITL counts to the shared histogram.
@@ -464,7 +507,7 @@ impl Active {
         if end == End::Complete {
             if let Some(reader) = self.reader.as_mut() {
                 let events = reader.finish();
-                self.account(events, now);
+                self.account(events, self.ev.at(now));
             }
         }
         let figures = self.figures(end, now);
@@ -473,7 +516,6 @@ impl Active {
 
     /// Computes the request's figures as `docs/MEASUREMENT.md` defines them.
     fn figures(&self, end: End, now: Instant) -> Figures {
-        let since = |t: Option<Instant>| t.map(|t| t.saturating_duration_since(self.t_start));
         let summary = self.reader.as_ref().map(StreamReader::summary);
         let outcome = match (end, self.status) {
             (End::Cancelled { .. }, _) => Outcome::Cancelled,
@@ -503,21 +545,21 @@ impl Active {
         let output_tokens = usage_tokens.unwrap_or_else(|| summary.map_or(0, |s| s.output_events));
         // With every token handed on at one instant (a non-streaming body) no time per token was
         // seen: TPOT is undefined, not zero (docs/MEASUREMENT.md).
-        let tpot = match (self.ev.t_first_token, self.ev.t_last_token) {
-            (Some(first), Some(last)) if output_tokens >= 2 && last > first => Some(
-                last.saturating_duration_since(first)
+        let tpot = match (self.ev.first_token, self.ev.last_token) {
+            (first, last) if last != NOT_YET && output_tokens >= 2 && last > first => Some(
+                Duration::from_nanos(last - first)
                     / (output_tokens - 1).min(u32::MAX as u64) as u32,
             ),
             _ => None,
         };
         Figures {
             outcome,
-            ttfb: since(self.ev.t_first_byte),
-            ttft: since(self.ev.t_first_token),
-            ttfc: since(self.ev.t_first_content),
+            ttfb: PerEvent::since(self.ev.first_byte),
+            ttft: PerEvent::since(self.ev.first_token),
+            ttfc: PerEvent::since(self.ev.first_content),
             tpot,
-            max_itl: self.ev.max_itl,
-            e2e: now.saturating_duration_since(self.t_start),
+            max_itl: PerEvent::since(self.ev.max_itl),
+            e2e: now.saturating_duration_since(self.ev.origin),
             output_tokens,
             tokens_from_usage: usage_tokens.is_some(),
             prompt_tokens: summary.and_then(|s| s.usage_prompt_tokens),
@@ -565,7 +607,7 @@ impl Active {
             _ => slo::judge(slo, f),
         });
         meter.live.record(
-            self.t_start + f.e2e,
+            self.ev.origin + f.e2e,
             &route.name,
             &live::Sample {
                 outcome: f.outcome,
@@ -609,7 +651,7 @@ impl Active {
         let proxy_share = self
             .upstream
             .and_then(|u| u.handed)
-            .map(|h| h.saturating_duration_since(self.t_start));
+            .map(|h| h.saturating_duration_since(self.ev.origin));
         let proxy_ms = proxy_share.map(ms);
         // The stream's own report first, then what the response head said.
         let engine = self
@@ -867,6 +909,39 @@ mod tests {
         let (count, sum) = itl(&meter);
         assert_eq!(count, 44);
         assert!((sum - 1.11).abs() < 1e-9, "{sum}");
+    }
+
+    /// What a frame touches of a request is two cache lines, no more.
+    #[test]
+    fn a_frames_fields_fill_two_cache_lines() {
+        assert_eq!(std::mem::size_of::<PerEvent>(), 128);
+        assert_eq!(std::mem::align_of::<PerEvent>(), 64);
+    }
+
+    /// Gaps are held as 32-bit nanoseconds; one longer than that (4.29 s) is counted whole, as
+    /// is the largest gap.
+    #[tokio::test(start_paused = true)]
+    async fn a_gap_too_long_to_hold_is_counted_whole() {
+        let (meter, records) = meter("");
+        let mut recorder = start(&meter);
+        recorder.model_slot().decide(Some("m"));
+        recorder.on_head(StatusCode::OK, &sse_head());
+        recorder.on_data(&chunk("a"), Instant::now());
+        tokio::time::advance(Duration::from_millis(20)).await;
+        recorder.on_data(&chunk("b"), Instant::now());
+        tokio::time::advance(Duration::from_millis(6_500)).await;
+        recorder.on_data(&chunk("c"), Instant::now());
+        tokio::time::advance(Duration::from_millis(30)).await;
+        recorder.on_data(&chunk("d"), Instant::now());
+        recorder.finish(End::Complete, Instant::now());
+        let (count, sum) = itl(&meter);
+        assert_eq!(count, 3);
+        assert!((sum - 6.55).abs() < 1e-9, "{sum}");
+        let record = records
+            .recv_timeout(Duration::from_secs(5))
+            .expect("one record");
+        assert_eq!(record.max_itl_ms, Some(6_500.0));
+        assert_eq!(record.e2e_ms, 6_550.0);
     }
 
     #[tokio::test(start_paused = true)]
