@@ -540,6 +540,11 @@ impl WriteQueue {
                 n = 0;
             }
         }
+        if self.pieces.is_empty() {
+            // Back to the ring's start: popping moves it on, and each frame would otherwise
+            // land on the next slots round the ring, whose cache lines are cold.
+            self.pieces.clear();
+        }
     }
 }
 
