@@ -13,16 +13,21 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use tokio::time::Instant;
 
 use super::forward::{Forwarder, RetryCounters};
 use crate::config::{Config, ConfigError, EngineMetrics, Timeouts, Upstream};
 use crate::measure::Meter;
 use crate::policy::route::Router;
 use crate::publish::metrics::Metrics;
-use crate::publish::record;
+use crate::publish::record::{self, RecordSink};
 
 /// How long a changed configuration file must stay the same before the watcher acts on it.
 const SETTLE: Duration = Duration::from_millis(50);
+/// Record writers kept open after a reload moved the record elsewhere, for the requests of
+/// older generations still finishing; past this many, the oldest is closed (a record it would
+/// still have had is dropped and counted).
+const RETIRED_LOGS: usize = 4;
 
 /// Settings given on the command line; they win over the file at every reload.
 #[derive(Debug, Clone, Default)]
@@ -80,6 +85,9 @@ pub(crate) struct Generations {
     metrics: Arc<Metrics>,
     /// The file's text (or read error) last seen, so the watcher acts only on a change.
     last_seen: Mutex<Option<Result<String, String>>>,
+    /// Record writers a reload replaced: requests of the generations before it still write to
+    /// them, and at exit they are written to their end like the current one.
+    retired_logs: Mutex<Vec<RecordSink>>,
 }
 
 impl Generations {
@@ -99,7 +107,23 @@ impl Generations {
             overrides,
             metrics,
             last_seen: Mutex::new(last_seen),
+            retired_logs: Mutex::new(Vec::new()),
         })
+    }
+
+    /// At exit, once every response has ended: writes the record's writers to their end (the
+    /// current one and those a reload replaced), all within one [`record::CLOSE_WITHIN`].
+    /// Whether everything queued was written (or counted as dropped) in time.
+    pub(crate) fn close_logs(&self) -> bool {
+        let deadline = Instant::now() + record::CLOSE_WITHIN;
+        let retired =
+            std::mem::take(&mut *self.retired_logs.lock().unwrap_or_else(|p| p.into_inner()));
+        let current = self.current().meter.access_log.clone();
+        let mut closed = true;
+        for log in retired.iter().chain(&current) {
+            closed &= log.close_within(deadline.saturating_duration_since(Instant::now()));
+        }
+        closed
     }
 
     /// The generation a new request takes.
@@ -237,9 +261,33 @@ impl Generations {
                 }
             })?;
         self.metrics.reconfigure(&config);
+        if let Some(old) = &previous.meter.access_log {
+            let kept = generation
+                .meter
+                .access_log
+                .as_ref()
+                .is_some_and(|new| new.same_writer(old));
+            if !kept {
+                self.retire_log(old.clone());
+            }
+        }
         self.current.store(Arc::new(generation));
         *running = config;
         Ok(Reloaded::Swapped)
+    }
+}
+
+impl Generations {
+    fn retire_log(&self, log: RecordSink) {
+        let mut retired = self.retired_logs.lock().unwrap_or_else(|p| p.into_inner());
+        retired.push(log);
+        if retired.len() > RETIRED_LOGS {
+            let oldest = retired.remove(0);
+            // Not on the reload's thread: closing waits for the writer.
+            let _ = std::thread::Builder::new()
+                .name("tokenmeter-access-log-retire".into())
+                .spawn(move || oldest.close());
+        }
     }
 }
 
@@ -292,4 +340,57 @@ fn build(
         timeouts: config.timeouts,
         engine_metrics: config.engine_metrics.clone(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::publish::record::Record;
+
+    /// A reload that moves the record to another file leaves the old writer to the requests
+    /// still finishing on the old generation; at exit, what they queued there is written to
+    /// its end, and the writer is stopped (a record after that is dropped and counted).
+    #[test]
+    fn records_queued_on_a_replaced_log_are_written_at_exit() {
+        let dir = std::env::temp_dir().join(format!("tm-retired-log-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let (a, b, file) = (
+            dir.join("a.jsonl"),
+            dir.join("b.jsonl"),
+            dir.join("tokenmeter.yaml"),
+        );
+        let text = |log: &std::path::Path| {
+            format!(
+                "upstream: http://127.0.0.1:9\naccess_log: {{path: {}}}\n",
+                log.display()
+            )
+        };
+        std::fs::write(&file, text(&a)).unwrap();
+        let config = Config::parse(&text(&a), "test").unwrap();
+        let generations = Generations::new(config, Some(file.clone()), Overrides::default())
+            .expect("the first generation");
+        // A request in flight keeps the generation it started with.
+        let old = generations.current();
+        std::fs::write(&file, text(&b)).unwrap();
+        assert!(matches!(generations.reload(), Ok(Reloaded::Swapped)));
+        let old_log = old.meter.access_log.clone().expect("a record writer");
+        let burst = 2_000;
+        for _ in 0..burst {
+            old_log.send(Record::example());
+        }
+        assert!(generations.close_logs(), "closed in time");
+        let lines = |path: &std::path::Path| {
+            std::fs::read_to_string(path)
+                .map(|t| t.lines().count())
+                .unwrap_or(0)
+        };
+        assert_eq!(lines(&a), burst, "every record queued on the old file");
+        assert_eq!(lines(&b), 0);
+        let dropped = &generations.metrics().access_log_dropped;
+        assert_eq!(dropped.get(), 0);
+        old_log.send(Record::example());
+        assert_eq!(dropped.get(), 1, "the old writer was stopped at exit");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

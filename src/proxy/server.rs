@@ -49,10 +49,9 @@ impl Running {
         self.admin_task.abort();
         self.watch_task.abort();
         self.sampler_task.abort();
-        // The responses that just ended queued their records: they reach the file before exit.
-        if let Some(log) = &self.generations.current().meter.access_log {
-            log.close();
-        }
+        // The responses that just ended queued their records: they reach their files before
+        // exit, those of generations a reload replaced too.
+        self.generations.close_logs();
     }
 
     /// Re-reads the configuration file and swaps in what it says, if valid.

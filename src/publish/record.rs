@@ -255,6 +255,11 @@ impl RecordSink {
         }
     }
 
+    /// Whether `other` hands its records to the same writer.
+    pub(crate) fn same_writer(&self, other: &RecordSink) -> bool {
+        Arc::ptr_eq(&self.writer, &other.writer)
+    }
+
     /// Asks the writer to reopen its file; a no-op for standard output.
     pub(crate) fn reopen(&self) {
         // Blocking here is fine: it happens on SIGHUP, not on a request's path.
@@ -268,7 +273,8 @@ impl RecordSink {
         self.close_within(CLOSE_WITHIN)
     }
 
-    fn close_within(&self, within: Duration) -> bool {
+    /// [`RecordSink::close`], waiting at most `within`.
+    pub(crate) fn close_within(&self, within: Duration) -> bool {
         let (done_tx, done) = mpsc::channel();
         let tx = self.tx.clone();
         // The queue may be full behind a disk that hangs: the message is handed over by a
@@ -569,11 +575,19 @@ impl Writer {
     }
 }
 
+/// A record with every field set, for tests elsewhere.
+#[cfg(test)]
+impl Record {
+    pub(crate) fn example() -> Record {
+        tests::record()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn record() -> Record {
+    pub(super) fn record() -> Record {
         Record {
             ts: Timestamp(SystemTime::UNIX_EPOCH + Duration::from_secs(1_767_225_600)),
             request_id: Some("r,1".into()),
