@@ -828,13 +828,19 @@ mod tests {
         assert_eq!(queue.queued_bytes(), b"abcde");
     }
 
-    #[tokio::test]
-    async fn a_chunk_partly_written_is_not_grown() {
+    /// A loopback connection: the side the queue writes to, and its peer.
+    async fn connected() -> (TcpStream, TcpStream) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let client = TcpStream::connect(listener.local_addr().unwrap())
             .await
             .unwrap();
-        let (mut server, _) = listener.accept().await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        (client, server)
+    }
+
+    #[tokio::test]
+    async fn a_chunk_partly_written_is_not_grown() {
+        let (client, mut server) = connected().await;
         let mut queue = WriteQueue::default();
         queue.data(Bytes::from_static(b"one"), true);
         std::future::poll_fn(|cx| queue.poll_write(&client, cx))
@@ -857,11 +863,7 @@ mod tests {
     /// what reaches the peer once it reads is everything, in order.
     #[tokio::test]
     async fn a_full_socket_is_waited_for_and_loses_nothing() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let client = TcpStream::connect(listener.local_addr().unwrap())
-            .await
-            .unwrap();
-        let (mut server, _) = listener.accept().await.unwrap();
+        let (client, mut server) = connected().await;
         let mut queue = WriteQueue::default();
         let mut want = Vec::new();
         // More than loopback's socket buffers hold, in frames of different bytes.
