@@ -275,9 +275,8 @@ impl Generations {
         *running = config;
         Ok(Reloaded::Swapped)
     }
-}
 
-impl Generations {
+    /// Keeps a record writer a reload replaced, for the requests still finishing on it.
     fn retire_log(&self, log: RecordSink) {
         let mut retired = self.retired_logs.lock().unwrap_or_else(|p| p.into_inner());
         retired.push(log);
