@@ -89,7 +89,7 @@ impl Forwarder {
     pub(crate) async fn send(
         &self,
         parts: http::request::Parts,
-        mut body: RequestBody,
+        mut body: Box<RequestBody>,
         upload: &Upload,
         trip: &mut Trip,
     ) -> Result<Response<PooledBody>, Error> {

@@ -37,8 +37,10 @@ pub(crate) const MODEL_LOOKAHEAD_BYTES: usize = 8 << 20;
 /// requests are not retried), so hostile uploads cannot grow the process through retention.
 pub(crate) const RETAINED_TOTAL: usize = 64 << 20;
 
-/// The body the proxy sends upstream: the client's, or a kept copy sent again.
-pub(crate) type UpstreamBody = http_body_util::Either<RequestBody, ReplayBody>;
+/// The body the proxy sends upstream: the client's, or a kept copy sent again. The client's is
+/// on the heap: a request moves through several futures on its way out (the service's, the
+/// forwarder's, the connection's exchange), each move a copy of what the request holds inline.
+pub(crate) type UpstreamBody = http_body_util::Either<Box<RequestBody>, ReplayBody>;
 
 /// What the proxy knows of a request's upload while it is sent.
 #[derive(Default)]

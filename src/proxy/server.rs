@@ -9,7 +9,6 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
@@ -250,7 +249,7 @@ async fn accept_loop(
         cap,
         index * listener::SPILL,
         client_limits(&config),
-        move |_conn| TowerToHyperService::new(proxy.clone()),
+        move |_conn| proxy.clone(),
         shutdown,
     )
     .await;

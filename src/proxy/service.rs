@@ -27,7 +27,7 @@ use crate::measure::{Recorder, TimedBody};
 /// What the client receives: the upstream's body, timed, or the proxy's own error body.
 pub(crate) type ProxyBody = Either<TimedBody<PooledBody>, Full<Bytes>>;
 
-/// The proxy as a tower service; cheap to clone per connection.
+/// The proxy as a service (hyper's and tower's); cheap to clone per connection.
 #[derive(Clone)]
 pub(crate) struct Proxy {
     generations: Arc<Generations>,
@@ -70,16 +70,39 @@ fn refusal(request: &Request<ClientBody>) -> Option<Error> {
     }
 }
 
+/// What the proxy's answer to one request is while it is worked out.
+pub(crate) type ProxyFuture =
+    Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>;
+
 impl tower::Service<Request<ClientBody>> for Proxy {
     type Response = Response<ProxyBody>;
     type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+    type Future = ProxyFuture;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, request: Request<ClientBody>) -> Self::Future {
+        self.answer(request)
+    }
+}
+
+/// The connections call the proxy as a hyper service, directly: through hyper_util's adapter
+/// from tower, each call was a `Oneshot` holding the whole request (over 400 bytes) until its
+/// first poll, moved with it into the connection's future for the answer.
+impl hyper::service::Service<Request<ClientBody>> for Proxy {
+    type Response = Response<ProxyBody>;
+    type Error = Infallible;
+    type Future = ProxyFuture;
+
+    fn call(&self, request: Request<ClientBody>) -> Self::Future {
+        self.answer(request)
+    }
+}
+
+impl Proxy {
+    fn answer(&self, request: Request<ClientBody>) -> ProxyFuture {
         // The request keeps this configuration to its end, whatever a reload does meanwhile.
         let generation = self.generations.current();
         let mut recorder = Recorder::start(
@@ -98,12 +121,12 @@ impl tower::Service<Request<ClientBody>> for Proxy {
         let (parts, body) = request.into_parts();
         let model = recorder.model_slot();
         let upload = Arc::new(Upload::default());
-        let body = RequestBody::new(
+        let body = Box::new(RequestBody::new(
             body,
             model.clone(),
             upload.clone(),
             generation.timeouts.request_body,
-        );
+        ));
         Box::pin(async move {
             // If the client goes away while we wait, this future is dropped and so is the
             // recorder, which then counts the request as cancelled.
