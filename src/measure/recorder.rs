@@ -443,7 +443,7 @@ impl Active {
     /// or the finish); one too long to hold is counted at once.
     fn hold_gap(&mut self, gap: u64) {
         let Ok(gap) = u32::try_from(gap) else {
-            self.count(&[Duration::from_nanos(gap)]);
+            self.count([Duration::from_nanos(gap)]);
             return;
         };
         if self.ev.gaps_held as usize == GAPS_HELD {
@@ -461,21 +461,22 @@ impl Active {
         if held == 0 {
             return;
         }
-        let mut gaps = [Duration::ZERO; GAPS_HELD];
-        for (gap, &nanos) in gaps.iter_mut().zip(&self.ev.gaps[..held]) {
-            *gap = Duration::from_nanos(u64::from(nanos));
-        }
-        self.count(&gaps[..held]);
+        let gaps = self.ev.gaps;
+        self.count(
+            gaps[..held]
+                .iter()
+                .map(|&nanos| Duration::from_nanos(u64::from(nanos))),
+        );
         self.ev.gaps_held = 0;
     }
 
     /// Counts gaps into the live view's sketch and the ITL histogram.
-    fn count(&mut self, gaps: &[Duration]) {
+    fn count(&mut self, gaps: impl IntoIterator<Item = Duration>) {
         let histogram = match self.itl_local.take() {
             Some(histogram) => histogram,
             None => self.resolve_handles().itl.local(),
         };
-        for &gap in gaps {
+        for gap in gaps {
             self.itl.add(gap);
             histogram.observe(gap.as_secs_f64());
         }

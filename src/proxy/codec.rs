@@ -477,11 +477,11 @@ impl WriteQueue {
 
     /// Writes until nothing is queued (`Ready(Ok)`) or the socket is full (`Pending`).
     ///
-    /// The first write goes straight to the socket. Asking tokio first whether the socket is
-    /// writable reads its readiness record, which nothing else a frame does touches (no event
-    /// comes for a socket that is not full): a cache miss on every frame, for an answer that
-    /// is nearly always yes. A socket that turns out full is written through tokio's readiness
-    /// from then on, which registers the task to be woken when there is room.
+    /// Writes go straight to the socket. Asking tokio first whether the socket is writable
+    /// reads its readiness record, which nothing else a frame does touches (no event comes for
+    /// a socket that is not full): a cache miss on every frame, for an answer that is nearly
+    /// always yes. Once the socket turns out full, the rest of the poll writes through tokio's
+    /// readiness, which registers the task to be woken when there is room.
     pub(crate) fn poll_write(
         &mut self,
         stream: &TcpStream,
