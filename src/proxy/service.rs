@@ -9,7 +9,6 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::{header, Method, Request, Response, Version};
@@ -27,7 +26,7 @@ use crate::measure::{Recorder, TimedBody};
 /// What the client receives: the upstream's body, timed, or the proxy's own error body.
 pub(crate) type ProxyBody = Either<TimedBody<PooledBody>, Full<Bytes>>;
 
-/// The proxy as a service (hyper's and tower's); cheap to clone per connection.
+/// The proxy as a hyper service; cheap to clone per connection.
 #[derive(Clone)]
 pub(crate) struct Proxy {
     generations: Arc<Generations>,
@@ -74,23 +73,9 @@ fn refusal(request: &Request<ClientBody>) -> Option<Error> {
 pub(crate) type ProxyFuture =
     Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>;
 
-impl tower::Service<Request<ClientBody>> for Proxy {
-    type Response = Response<ProxyBody>;
-    type Error = Infallible;
-    type Future = ProxyFuture;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: Request<ClientBody>) -> Self::Future {
-        self.answer(request)
-    }
-}
-
 /// The connections call the proxy as a hyper service, directly: through hyper_util's adapter
-/// from tower, each call was a `Oneshot` holding the whole request (over 400 bytes) until its
-/// first poll, moved with it into the connection's future for the answer.
+/// from a tower service, each call was a `Oneshot` holding the whole request (over 400 bytes)
+/// until its first poll, moved with it into the connection's future for the answer.
 impl hyper::service::Service<Request<ClientBody>> for Proxy {
     type Response = Response<ProxyBody>;
     type Error = Infallible;
