@@ -184,8 +184,9 @@ fn run(args: RunArgs) -> ExitCode {
 }
 
 /// How often the load is sampled for [`allocator_follows_load`], and how many samples in a row
-/// without a request in flight make the proxy idle.
+/// with requests in flight make the proxy busy, and without any idle.
 const LOAD_SAMPLED_EVERY: Duration = Duration::from_secs(1);
+const BUSY_AFTER_SAMPLES: u32 = 2;
 const IDLE_AFTER_SAMPLES: u32 = 3;
 
 /// jemalloc's background thread runs only while the proxy is idle: that is when it is needed
@@ -200,7 +201,7 @@ async fn allocator_follows_load(running: &Running) {
         return std::future::pending().await;
     }
     running
-        .watch_idle(LOAD_SAMPLED_EVERY, IDLE_AFTER_SAMPLES, |idle| {
+        .watch_idle(LOAD_SAMPLED_EVERY, BUSY_AFTER_SAMPLES, IDLE_AFTER_SAMPLES, |idle| {
             if let Err(e) = background_thread::write(idle) {
                 tracing::debug!(error = %e, idle, "cannot switch the allocator's background thread");
             }

@@ -579,7 +579,7 @@ async fn the_idle_watch_follows_the_requests_in_flight() {
     let (changes, mut changed) = tokio::sync::mpsc::unbounded_channel();
     let watch = proxy
         .running
-        .watch_idle(Duration::from_millis(5), 3, move |idle| {
+        .watch_idle(Duration::from_millis(5), 2, 3, move |idle| {
             let _ = changes.send(idle);
         });
     let url = proxy.url(CHAT);

@@ -9,20 +9,25 @@ use tokio::time::MissedTickBehavior;
 
 use super::server::Running;
 
-/// Idle or busy, from samples of the requests in flight: idle once `quiet_needed` samples in a
-/// row saw none, busy again at the first sample that sees one. A proxy starts idle.
+/// Idle or busy, from samples of the requests in flight: busy once `busy_needed` samples in a
+/// row saw one, idle once `quiet_needed` samples in a row saw none; between the two it stays as
+/// it was, so that light traffic (a request now and then) does not flip it back and forth. A
+/// proxy starts idle.
 #[derive(Debug)]
 pub struct IdleWatch {
+    busy_needed: u32,
     quiet_needed: u32,
-    quiet: u32,
+    /// Samples in a row of the kind last seen: positive busy, negative quiet.
+    run: i64,
     idle: bool,
 }
 
 impl IdleWatch {
-    pub fn new(quiet_needed: u32) -> IdleWatch {
+    pub fn new(busy_needed: u32, quiet_needed: u32) -> IdleWatch {
         IdleWatch {
+            busy_needed: busy_needed.max(1),
             quiet_needed: quiet_needed.max(1),
-            quiet: 0,
+            run: 0,
             idle: true,
         }
     }
@@ -30,15 +35,17 @@ impl IdleWatch {
     /// Takes one sample; returns the new state when it changed (`true`: idle).
     pub fn sample(&mut self, in_flight: i64) -> Option<bool> {
         if in_flight > 0 {
-            self.quiet = 0;
-            return self.set(false);
-        }
-        self.quiet = self.quiet.saturating_add(1);
-        if self.quiet >= self.quiet_needed {
-            self.set(true)
+            self.run = self.run.max(0).saturating_add(1);
+            if self.run >= i64::from(self.busy_needed) {
+                return self.set(false);
+            }
         } else {
-            None
+            self.run = self.run.min(0).saturating_sub(1);
+            if -self.run >= i64::from(self.quiet_needed) {
+                return self.set(true);
+            }
         }
+        None
     }
 
     fn set(&mut self, idle: bool) -> Option<bool> {
@@ -56,10 +63,16 @@ impl Running {
     }
 
     /// Samples the requests in flight every `every` and calls `change(idle)` each time the proxy
-    /// turns idle (`quiet` samples in a row with none) or busy (a sample with one). Runs until
-    /// dropped; one timer tick per `every`, nothing per request.
-    pub async fn watch_idle(&self, every: Duration, quiet: u32, mut change: impl FnMut(bool)) {
-        let mut watch = IdleWatch::new(quiet);
+    /// turns busy (`busy` samples in a row with a request in flight) or idle (`quiet` samples in
+    /// a row with none). Runs until dropped; one timer tick per `every`, nothing per request.
+    pub async fn watch_idle(
+        &self,
+        every: Duration,
+        busy: u32,
+        quiet: u32,
+        mut change: impl FnMut(bool),
+    ) {
+        let mut watch = IdleWatch::new(busy, quiet);
         let mut ticks = tokio::time::interval(every);
         ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
         loop {
@@ -76,12 +89,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_request_in_flight_makes_it_busy_at_once_and_quiet_samples_idle_again() {
-        let mut watch = IdleWatch::new(3);
+    fn load_must_last_to_make_it_busy_and_quiet_must_last_to_make_it_idle() {
+        let mut watch = IdleWatch::new(2, 3);
         // Starts idle: nothing to report while nothing happens.
         assert_eq!(watch.sample(0), None);
         assert_eq!(watch.sample(0), None);
+        // One request now and then does not make it busy.
+        assert_eq!(watch.sample(1), None);
         assert_eq!(watch.sample(0), None);
+        assert_eq!(watch.sample(3), None);
         assert_eq!(watch.sample(5), Some(false));
         assert_eq!(watch.sample(1), None);
         assert_eq!(watch.sample(0), None);
@@ -92,13 +108,15 @@ mod tests {
         assert_eq!(watch.sample(0), None);
         assert_eq!(watch.sample(0), Some(true));
         assert_eq!(watch.sample(0), None);
+        assert_eq!(watch.sample(1), None);
         assert_eq!(watch.sample(1), Some(false));
     }
 
     #[test]
-    fn one_quiet_sample_is_the_least_it_waits() {
-        let mut watch = IdleWatch::new(0);
+    fn one_sample_is_the_least_it_waits() {
+        let mut watch = IdleWatch::new(0, 0);
         assert_eq!(watch.sample(1), Some(false));
         assert_eq!(watch.sample(0), Some(true));
+        assert_eq!(watch.sample(1), Some(false));
     }
 }
