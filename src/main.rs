@@ -184,10 +184,11 @@ fn run(args: RunArgs) -> ExitCode {
 }
 
 /// How often the load is sampled for [`allocator_follows_load`], and how many samples in a row
-/// with requests in flight make the proxy busy, and without any idle.
-const LOAD_SAMPLED_EVERY: Duration = Duration::from_secs(1);
+/// with requests in flight make the proxy busy (within half a second of sustained load), and
+/// without any idle (two seconds of quiet).
+const LOAD_SAMPLED_EVERY: Duration = Duration::from_millis(250);
 const BUSY_AFTER_SAMPLES: u32 = 2;
-const IDLE_AFTER_SAMPLES: u32 = 3;
+const IDLE_AFTER_SAMPLES: u32 = 8;
 
 /// jemalloc's background thread runs only while the proxy is idle: that is when it is needed
 /// (nothing allocates, so nothing else would return a burst's freed memory), and under load it
