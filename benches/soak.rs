@@ -76,11 +76,6 @@ fn answer_bytes() -> usize {
     CHUNKS.iter().map(|c| c.len()).sum()
 }
 
-/// Idle upstream connections the proxy keeps (`proxy/upstream.rs`: 1,024 per event loop, and a
-/// 2-core machine runs two): they stay open after a burst, so they are allowed for when waiting
-/// for the proxy to close the burst's connections.
-const PROXY_POOL_MAX_IDLE: usize = 2048;
-
 /// Connections being opened at once in a burst: more would overflow the listen backlog, and a
 /// dropped SYN costs its client a second.
 const CONNECTING_AT_ONCE: usize = 256;
@@ -372,6 +367,8 @@ struct ProxyProcess {
     child: Child,
     listen: SocketAddr,
     admin: SocketAddr,
+    /// The upstream it forwards to: its connections there are its pool, kept after a burst.
+    upstream: SocketAddr,
     records: PathBuf,
     /// Warnings and errors it logged, the first 20.
     complaints: serving::Complaints,
@@ -416,6 +413,7 @@ impl ProxyProcess {
             listen: serving::address(&line, "listen=")?,
             admin: serving::address(&line, "admin=")?,
             child,
+            upstream,
             records,
             complaints,
             idle_rss_kib: None,
@@ -440,15 +438,18 @@ impl ProxyProcess {
         procfs::status_kib(self.pid(), "VmHWM:")
     }
 
-    /// Waits until the proxy holds no more descriptors than when idle plus its pool of idle
-    /// upstream connections, and the count has stopped moving: the connections of a phase
-    /// are closed. Gives up after 30 s and says so.
+    /// Waits until the proxy holds no more descriptors than when idle, besides its connections
+    /// to the upstream (the pool it keeps for the next burst, up to its connection cap), and
+    /// the count has stopped moving: the clients' connections of a phase are closed. Gives up
+    /// after 30 s and says so.
     async fn settle(&self) -> Result<Duration, String> {
         let started = Instant::now();
-        let allowed = self.idle_fds.unwrap_or(0) + PROXY_POOL_MAX_IDLE + 8;
+        let allowed = self.idle_fds.unwrap_or(0) + 8;
         let mut last = None;
         loop {
-            let now = open_fds(self.pid());
+            let now = open_fds(self.pid())
+                .zip(upstream_connections(self.pid(), self.upstream))
+                .map(|(fds, pooled)| fds.saturating_sub(pooled));
             if now.is_some_and(|n| n <= allowed) && now == last {
                 return Ok(started.elapsed());
             }
@@ -506,6 +507,30 @@ impl Drop for ProxyProcess {
 /// Open file descriptors of `pid`.
 fn open_fds(pid: u32) -> Option<usize> {
     Some(std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count())
+}
+
+/// The process's TCP connections to `upstream` that still hold a descriptor (established, or
+/// closed by the upstream and not yet by the process), from `/proc/PID/net/tcp`.
+fn upstream_connections(pid: u32, upstream: SocketAddr) -> Option<usize> {
+    let SocketAddr::V4(upstream) = upstream else {
+        return None;
+    };
+    let remote = format!(
+        "{:08X}:{:04X}",
+        u32::from_le_bytes(upstream.ip().octets()),
+        upstream.port()
+    );
+    let table = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).ok()?;
+    Some(
+        table
+            .lines()
+            .skip(1)
+            .filter(|line| {
+                let mut fields = line.split_whitespace().skip(2);
+                fields.next() == Some(remote.as_str()) && matches!(fields.next(), Some("01" | "08"))
+            })
+            .count(),
+    )
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1464,7 +1489,7 @@ fn print_bursts(params: &Params, bursts: &BurstsReport) {
     }
     println!();
     println!(
-        "- peak RSS (VmHWM) {} MiB; the proxy keeps up to {PROXY_POOL_MAX_IDLE} idle upstream connections afterwards, as in production",
+        "- peak RSS (VmHWM) {} MiB; the proxy keeps its upstream connections idle afterwards for the next burst (up to its connection cap), as in production",
         mib(bursts.peak_rss_kib)
     );
     for (i, burst) in bursts.bursts.iter().enumerate() {

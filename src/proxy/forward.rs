@@ -70,9 +70,12 @@ impl Forwarder {
         retries: RetryCounters,
     ) -> Self {
         Forwarder {
+            // As many idle connections as there may be clients: a burst's worth comes back
+            // for the next one, within the half of the descriptors the clients leave.
             pool: Arc::new(Pool::new(
                 upstream.authority.as_str().to_string(),
                 timeouts.connect,
+                super::listener::connection_cap(limits.max_connections),
             )),
             upstream: upstream.clone(),
             upstream_text: upstream.to_string(),

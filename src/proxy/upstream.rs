@@ -23,6 +23,7 @@
 //! A connection is driven only by the request that uses it; an idle one is not polled at all
 //! until its next checkout, which looks (`MSG_PEEK`) whether the server closed it meanwhile.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
 use std::mem::MaybeUninit;
@@ -46,8 +47,6 @@ use super::shard;
 /// How long an idle connection is kept: under the usual keep-alive timeouts of servers (uvicorn
 /// 5 s is the exception, and its early closes are what the retry is for).
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
-/// Idle connections kept at most per shard; more are closed when they come back.
-const MAX_IDLE: usize = 1024;
 /// The read buffer's first size, enough for most response heads and several SSE events; it
 /// doubles while reads fill it, up to [`READ_BUFFER_MAX`], and is freed when the connection
 /// goes idle. Each open stream holds one, so it is small (2 KiB here cost 1 KiB more per
@@ -531,7 +530,10 @@ pub(crate) struct Pool {
     /// `host:port`.
     authority: String,
     connect_timeout: Duration,
-    idle: Box<[Mutex<Vec<Idle>>]>,
+    /// Idle connections kept at most per shard; the oldest is closed when one more comes back.
+    max_idle: usize,
+    /// Oldest at the front.
+    idle: Box<[Mutex<VecDeque<Idle>>]>,
 }
 
 /// Why no connection could be had.
@@ -557,16 +559,20 @@ impl std::fmt::Display for ConnectError {
 impl std::error::Error for ConnectError {}
 
 impl Pool {
-    pub(crate) fn new(authority: String, connect_timeout: Duration) -> Pool {
+    /// `max_idle`: the idle connections kept per shard (at least one).
+    pub(crate) fn new(authority: String, connect_timeout: Duration, max_idle: usize) -> Pool {
         Pool {
             authority,
             connect_timeout,
-            idle: (0..shard::MAX).map(|_| Mutex::new(Vec::new())).collect(),
+            max_idle: max_idle.max(1),
+            idle: (0..shard::MAX)
+                .map(|_| Mutex::new(VecDeque::new()))
+                .collect(),
         }
     }
 
     /// This shard's idle connections.
-    fn idle(&self) -> &Mutex<Vec<Idle>> {
+    fn idle(&self) -> &Mutex<VecDeque<Idle>> {
         &self.idle[shard::current() % self.idle.len()]
     }
 
@@ -574,7 +580,11 @@ impl Pool {
     pub(crate) async fn checkout(&self) -> Result<Checkout, ConnectError> {
         let now = Instant::now();
         loop {
-            let idle = self.idle().lock().unwrap_or_else(|p| p.into_inner()).pop();
+            let idle = self
+                .idle()
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .pop_back();
             let Some(Idle { conn, since }) = idle else {
                 break;
             };
@@ -621,15 +631,16 @@ impl Pool {
         let now = Instant::now();
         let mut idle = self.idle().lock().unwrap_or_else(|p| p.into_inner());
         // The oldest are at the front: drop those past their time, and any beyond the cap.
-        let expired = idle
-            .iter()
-            .take_while(|i| now.saturating_duration_since(i.since) > IDLE_TIMEOUT)
-            .count();
-        idle.drain(..expired);
-        if idle.len() >= MAX_IDLE {
-            idle.remove(0);
+        while idle
+            .front()
+            .is_some_and(|i| now.saturating_duration_since(i.since) > IDLE_TIMEOUT)
+        {
+            idle.pop_front();
         }
-        idle.push(Idle { conn, since: now });
+        if idle.len() >= self.max_idle {
+            idle.pop_front();
+        }
+        idle.push_back(Idle { conn, since: now });
     }
 }
 
@@ -840,6 +851,41 @@ mod tests {
             .collect()
     }
 
+    /// The pool keeps at most its cap of idle connections, closing the oldest, and hands out
+    /// the most recently used first.
+    #[tokio::test]
+    async fn the_oldest_idle_connection_goes_past_the_cap() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let accepting = tokio::spawn(async move {
+            let mut held = Vec::new();
+            for _ in 0..3 {
+                held.push(listener.accept().await.unwrap().0);
+            }
+            held
+        });
+        let pool = Pool::new(addr, Duration::from_secs(5), 2);
+        let mut ports = Vec::new();
+        for _ in 0..3 {
+            let checkout = pool.connect().await.unwrap();
+            ports.push(checkout.conn.stream.local_addr().unwrap().port());
+            pool.checkin(checkout.conn);
+        }
+        assert_eq!(idle(&pool), 2);
+        let mut held = accepting.await.unwrap();
+        // The first connection was closed: its server side reads its end.
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_secs(10), held[0].read(&mut byte));
+        assert_eq!(read.await.expect("the oldest closed").unwrap(), 0);
+        for expected in [ports[2], ports[1]] {
+            let checkout = pool.checkout().await.unwrap();
+            assert!(checkout.reused);
+            assert_eq!(checkout.conn.stream.local_addr().unwrap().port(), expected);
+        }
+        assert_eq!(idle(&pool), 0);
+        held.clear();
+    }
+
     #[tokio::test]
     async fn a_chunked_body_in_pieces_with_extensions_and_trailers() {
         let (addr, server) = server(
@@ -851,7 +897,7 @@ mod tests {
             false,
         )
         .await;
-        let pool = Arc::new(Pool::new(addr, Duration::from_secs(5)));
+        let pool = Arc::new(Pool::new(addr, Duration::from_secs(5), 16));
         let (head, frames) = fetch(&pool, Method::POST).await.unwrap();
         assert_eq!(head.status(), StatusCode::OK);
         assert_eq!(head.headers()["content-type"], "text/event-stream");
@@ -872,7 +918,7 @@ mod tests {
             false,
         )
         .await;
-        let pool = Arc::new(Pool::new(addr, Duration::from_secs(5)));
+        let pool = Arc::new(Pool::new(addr, Duration::from_secs(5), 16));
         let mut checkout = pool.checkout().await.unwrap();
         let (_, framing) = checkout
             .conn
@@ -903,7 +949,7 @@ mod tests {
             false,
         )
         .await;
-        let pool = Arc::new(Pool::new(addr, Duration::from_secs(5)));
+        let pool = Arc::new(Pool::new(addr, Duration::from_secs(5), 16));
         let (head, frames) = fetch(&pool, Method::POST).await.unwrap();
         assert_eq!(head.status(), StatusCode::CREATED);
         assert_eq!(data(&frames), b"abcdefg");
@@ -918,7 +964,7 @@ mod tests {
             false,
         )
         .await;
-        let pool = Arc::new(Pool::new(addr, Duration::from_secs(5)));
+        let pool = Arc::new(Pool::new(addr, Duration::from_secs(5), 16));
         let (head, frames) = fetch(&pool, Method::HEAD).await.unwrap();
         assert_eq!(head.headers()["content-length"], "100");
         assert!(frames.is_empty());
@@ -929,7 +975,7 @@ mod tests {
     #[tokio::test]
     async fn a_body_framed_by_the_close_is_read_to_the_end_and_not_kept() {
         let (addr, server) = server(vec![b"HTTP/1.1 200 OK\r\n\r\nuntil ", b"the end"], true).await;
-        let pool = Arc::new(Pool::new(addr, Duration::from_secs(5)));
+        let pool = Arc::new(Pool::new(addr, Duration::from_secs(5), 16));
         let (_, frames) = fetch(&pool, Method::GET).await.unwrap();
         assert_eq!(data(&frames), b"until the end");
         assert_eq!(idle(&pool), 0);
@@ -943,7 +989,7 @@ mod tests {
             b"HTTP/1.0 200 OK\r\ncontent-length: 2\r\n\r\nok",
         ] {
             let (addr, server) = server(vec![answer], false).await;
-            let pool = Arc::new(Pool::new(addr, Duration::from_secs(5)));
+            let pool = Arc::new(Pool::new(addr, Duration::from_secs(5), 16));
             let (_, frames) = fetch(&pool, Method::GET).await.unwrap();
             assert_eq!(data(&frames), b"ok");
             assert_eq!(idle(&pool), 0, "{}", String::from_utf8_lossy(answer));
@@ -959,7 +1005,7 @@ mod tests {
             b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n",
         ] {
             let (addr, server) = server(vec![answer], true).await;
-            let pool = Arc::new(Pool::new(addr, Duration::from_secs(5)));
+            let pool = Arc::new(Pool::new(addr, Duration::from_secs(5), 16));
             let result = fetch(&pool, Method::GET).await;
             assert!(result.is_err(), "{}", String::from_utf8_lossy(answer));
             assert_eq!(idle(&pool), 0);
@@ -982,7 +1028,7 @@ mod tests {
             (b"SSH-2.0-OpenSSH\r\n\r\n", "malformed"),
         ] {
             let (addr, server) = server(vec![answer], true).await;
-            let pool = Arc::new(Pool::new(addr, Duration::from_secs(5)));
+            let pool = Arc::new(Pool::new(addr, Duration::from_secs(5), 16));
             let error = fetch(&pool, Method::GET).await.unwrap_err();
             assert!(error.to_string().contains(expected), "{error}");
             server.abort();
@@ -992,7 +1038,7 @@ mod tests {
     #[tokio::test]
     async fn the_request_goes_out_in_origin_form_with_its_body_framed() {
         let (addr, server) = server(vec![b"HTTP/1.1 204 No Content\r\n\r\n"], true).await;
-        let pool = Arc::new(Pool::new(addr, Duration::from_secs(5)));
+        let pool = Arc::new(Pool::new(addr, Duration::from_secs(5), 16));
         let mut checkout = pool.checkout().await.unwrap();
         let body = vec![
             Bytes::from_static(b"{\"model\":"),
@@ -1025,7 +1071,7 @@ mod tests {
             true,
         )
         .await;
-        let pool = Arc::new(Pool::new(addr.clone(), Duration::from_secs(5)));
+        let pool = Arc::new(Pool::new(addr.clone(), Duration::from_secs(5), 16));
         // The server closes after answering, without saying so (llama.cpp's habit).
         let (_, frames) = fetch(&pool, Method::GET).await.unwrap();
         assert_eq!(data(&frames), b"ok");
@@ -1094,7 +1140,7 @@ mod tests {
             .await
             .map_err(|unsent| unsent.error)
             .unwrap();
-        let pool = Arc::new(Pool::new(addr.to_string(), Duration::from_secs(5)));
+        let pool = Arc::new(Pool::new(addr.to_string(), Duration::from_secs(5), 16));
         let mut body = PooledBody::new(conn, framing, pool);
         let event = format!(
             "data: {{\"choices\":[{{\"delta\":{{\"content\":\"{}\"}}}}]}}\n\n",
