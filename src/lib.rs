@@ -36,7 +36,7 @@ pub use parse::{
     detect, Dialect, FinishReason, FrameEvents, Framing, ModelScanner, Scan, StreamReader,
     StreamSummary, MAX_EVENT_TYPE_BYTES,
 };
-pub use proxy::{accept, start, IdleWatch, Overrides, Reloaded, Running, StartError};
+pub use proxy::{accept, start, Overrides, Reloaded, Running, StartError};
 pub use publish::live::PAGE as LIVE_PAGE;
 /// The per-request record's columns, in order (the CSV header).
 pub use publish::record::COLUMNS as RECORD_COLUMNS;

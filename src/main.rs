@@ -6,7 +6,6 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use tokenmeter::tools::cli::fail;
@@ -167,11 +166,7 @@ fn run(args: RunArgs) -> ExitCode {
                     Ok(running) => running,
                     Err(e) => return fail(&e),
                 };
-            let signals = tokio::select! {
-                signals = serve_signals(&running) => signals,
-                () = allocator_follows_load(&running) => Ok(()),
-            };
-            if let Err(e) = signals {
+            if let Err(e) = serve_signals(&running).await {
                 return fail(&format!("cannot listen for signals: {e}"));
             }
             tracing::info!("shutdown signal received");
@@ -181,33 +176,6 @@ fn run(args: RunArgs) -> ExitCode {
         },
         Some(1),
     )
-}
-
-/// How often the load is sampled for [`allocator_follows_load`], and how many samples in a row
-/// with requests in flight make the proxy busy (within half a second of sustained load), and
-/// without any idle (two seconds of quiet).
-const LOAD_SAMPLED_EVERY: Duration = Duration::from_millis(250);
-const BUSY_AFTER_SAMPLES: u32 = 2;
-const IDLE_AFTER_SAMPLES: u32 = 8;
-
-/// jemalloc's background thread runs only while the proxy is idle: that is when it is needed
-/// (nothing allocates, so nothing else would return a burst's freed memory), and under load it
-/// only makes the process two threads, so that every system call on a socket takes the kernel's
-/// shared descriptor-table path. With it off, the event loop's own allocations purge within the
-/// same 10 s decay. Left alone when the deployment turned the thread off itself
-/// (`_RJEM_MALLOC_CONF=background_thread:false`). Never returns.
-async fn allocator_follows_load(running: &Running) {
-    use tikv_jemalloc_ctl::{background_thread, opt};
-    if !opt::background_thread::read().unwrap_or(false) {
-        return std::future::pending().await;
-    }
-    running
-        .watch_idle(LOAD_SAMPLED_EVERY, BUSY_AFTER_SAMPLES, IDLE_AFTER_SAMPLES, |idle| {
-            if let Err(e) = background_thread::write(idle) {
-                tracing::debug!(error = %e, idle, "cannot switch the allocator's background thread");
-            }
-        })
-        .await;
 }
 
 /// Reloads on SIGHUP; returns on SIGTERM (Kubernetes stopping the pod) or SIGINT (Ctrl-C).

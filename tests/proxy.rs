@@ -556,61 +556,6 @@ async fn drain_lets_open_streams_finish() {
     assert_eq!(r["outcome"], "ok", "{r}");
 }
 
-/// The idle watch (which switches the allocator's background thread in `main.rs`) reports the
-/// proxy busy while a request is in flight and idle again once it ended and the quiet samples
-/// passed.
-#[tokio::test]
-async fn the_idle_watch_follows_the_requests_in_flight() {
-    let upstream = upstream(|_| {
-        let mut s = stream_of(vec![]);
-        s.steps = vec![
-            Step::Write(role_chunk()),
-            // Long against the watch's 5 ms samples: the stream is surely seen in flight.
-            Step::Wait(Duration::from_secs(1)),
-            Step::Write(finish_chunk("stop", None)),
-            Step::Write(done()),
-            Step::End,
-        ];
-        s
-    })
-    .await;
-    let proxy = proxy(upstream.addr, |_| {}).await;
-    assert_eq!(proxy.running.in_flight(), 0);
-    let (changes, mut changed) = tokio::sync::mpsc::unbounded_channel();
-    let watch = proxy
-        .running
-        .watch_idle(Duration::from_millis(5), 2, 3, move |idle| {
-            let _ = changes.send(idle);
-        });
-    let url = proxy.url(CHAT);
-    let checks = async {
-        let stream =
-            tokio::spawn(async move { send(&url, "POST", &chat_request("m"), &[], false).await });
-        // It starts idle, so the first change is to busy, while the stream is open.
-        assert_eq!(
-            tokio::time::timeout(Duration::from_secs(10), changed.recv())
-                .await
-                .expect("busy in time"),
-            Some(false)
-        );
-        assert_eq!(proxy.running.in_flight(), 1);
-        assert!(!stream.is_finished());
-        let got = stream.await.unwrap();
-        assert!(got.bytes().ends_with(b"data: [DONE]\n\n"));
-        assert_eq!(
-            tokio::time::timeout(Duration::from_secs(10), changed.recv())
-                .await
-                .expect("idle in time"),
-            Some(true)
-        );
-        assert_eq!(proxy.running.in_flight(), 0);
-    };
-    tokio::select! {
-        () = watch => unreachable!("the watch runs until dropped"),
-        () = checks => {}
-    }
-}
-
 /// A stream that never ends must not hold shutdown beyond the drain deadline.
 #[tokio::test]
 async fn the_drain_deadline_bounds_shutdown() {

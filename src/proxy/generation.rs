@@ -126,14 +126,6 @@ impl Generations {
         closed
     }
 
-    /// Requests in flight in the whole process (the count is carried across reloads).
-    pub(crate) fn in_flight(&self) -> i64 {
-        self.current()
-            .meter
-            .in_flight_total
-            .load(std::sync::atomic::Ordering::Relaxed)
-    }
-
     /// The generation a new request takes.
     pub(crate) fn current(&self) -> Arc<Generation> {
         self.current.load_full()

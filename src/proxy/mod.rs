@@ -6,7 +6,7 @@
 //! the [`request_body`] read in passing for `model`, the request sent by [`forward`], the
 //! response handed back timed (the [`upstream`] client is the proxy's own); each [`shard`] is a thread that serves the clients it accepted.
 //! [`admin`] serves what was published; [`generation`] is the configuration in force and its
-//! reload; [`error`] is the one place errors become HTTP; [`idle`] tells the binary when the proxy is idle.
+//! reload; [`error`] is the one place errors become HTTP.
 
 pub(crate) mod admin;
 pub(crate) mod client_body;
@@ -17,7 +17,6 @@ pub(crate) mod error;
 pub(crate) mod forward;
 pub(crate) mod generation;
 pub(crate) mod h1;
-pub(crate) mod idle;
 pub(crate) mod listener;
 pub(crate) mod request_body;
 pub(crate) mod server;
@@ -26,6 +25,5 @@ pub(crate) mod shard;
 pub(crate) mod upstream;
 
 pub use generation::{Overrides, Reloaded};
-pub use idle::IdleWatch;
 pub use listener::accept;
 pub use server::{start, Running, StartError};
