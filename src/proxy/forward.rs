@@ -86,6 +86,11 @@ impl Forwarder {
         }
     }
 
+    /// Closes the pool's idle connections that have expired or that the server closed.
+    pub(crate) fn sweep_idle(&self) -> usize {
+        self.pool.sweep(tokio::time::Instant::now())
+    }
+
     /// Sends the request upstream and waits for the response head; `trip` learns how the
     /// request got there. The response-head timeout starts once the whole request body has been
     /// sent.

@@ -20,6 +20,7 @@ use super::generation::{Generations, Overrides, Reloaded};
 use super::listener::{self, Health};
 use super::service::Proxy;
 use super::shard;
+use super::upstream::IDLE_SWEEP;
 use crate::config::{Config, ConfigError};
 
 /// A started proxy: its bound addresses and the handle that drains it.
@@ -33,6 +34,7 @@ pub struct Running {
     admin_task: JoinHandle<()>,
     watch_task: JoinHandle<()>,
     sampler_task: JoinHandle<()>,
+    sweep_task: JoinHandle<()>,
 }
 
 impl Running {
@@ -48,6 +50,7 @@ impl Running {
         self.admin_task.abort();
         self.watch_task.abort();
         self.sampler_task.abort();
+        self.sweep_task.abort();
         // The responses that just ended queued their records: they reach their files before
         // exit, those of generations a reload replaced too.
         self.generations.close_logs();
@@ -146,6 +149,7 @@ pub async fn start(
     ));
     let watch_task = tokio::spawn(generations.clone().watch(watch_interval));
     let sampler_task = tokio::spawn(engine_metrics::sample(generations.clone()));
+    let sweep_task = tokio::spawn(sweep_idle_upstream(generations.clone()));
     let task = tokio::spawn({
         let generations = generations.clone();
         async move {
@@ -166,7 +170,19 @@ pub async fn start(
         admin_task,
         watch_task,
         sampler_task,
+        sweep_task,
     })
+}
+
+/// Every [`IDLE_SWEEP`], closes the upstream connections that sat idle too long or that the
+/// server closed (a pool replaced by a reload closes its own when its last request ends).
+async fn sweep_idle_upstream(generations: Arc<Generations>) {
+    let mut ticks = tokio::time::interval(IDLE_SWEEP);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        generations.current().forwarder.sweep_idle();
+    }
 }
 
 /// The client listener's connection settings from a configuration.

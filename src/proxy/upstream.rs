@@ -47,6 +47,9 @@ use super::shard;
 /// How long an idle connection is kept: under the usual keep-alive timeouts of servers (uvicorn
 /// 5 s is the exception, and its early closes are what the retry is for).
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// How often the idle connections are swept for those past [`IDLE_TIMEOUT`] or closed by the
+/// server, so that a proxy that has gone quiet after a burst does not keep the burst's sockets.
+pub(crate) const IDLE_SWEEP: Duration = Duration::from_secs(15);
 /// The read buffer's first size, enough for most response heads and several SSE events; it
 /// doubles while reads fill it, up to [`READ_BUFFER_MAX`], and is freed when the connection
 /// goes idle. Each open stream holds one, so it is small (2 KiB here cost 1 KiB more per
@@ -599,6 +602,20 @@ impl Pool {
         self.connect().await
     }
 
+    /// Closes the idle connections, on every shard, that are past [`IDLE_TIMEOUT`] at `now` or
+    /// that the server has closed. Returns how many are left.
+    pub(crate) fn sweep(&self, now: Instant) -> usize {
+        let mut left = 0;
+        for idle in self.idle.iter() {
+            let mut idle = idle.lock().unwrap_or_else(|p| p.into_inner());
+            idle.retain(|i| {
+                now.saturating_duration_since(i.since) <= IDLE_TIMEOUT && i.conn.is_open()
+            });
+            left += idle.len();
+        }
+        left
+    }
+
     /// A new connection, whatever is idle.
     pub(crate) async fn connect(&self) -> Result<Checkout, ConnectError> {
         let started = Instant::now();
@@ -884,6 +901,42 @@ mod tests {
         }
         assert_eq!(idle(&pool), 0);
         held.clear();
+    }
+
+    /// The sweep closes the idle connections the server closed, and those past their time,
+    /// without waiting for a request to meet them.
+    #[tokio::test]
+    async fn the_sweep_closes_idle_connections_the_server_closed_or_that_expired() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let accepting = tokio::spawn(async move {
+            let mut held = Vec::new();
+            for _ in 0..2 {
+                held.push(listener.accept().await.unwrap().0);
+            }
+            held
+        });
+        let pool = Pool::new(addr, Duration::from_secs(5), 16);
+        for _ in 0..2 {
+            let checkout = pool.connect().await.unwrap();
+            pool.checkin(checkout.conn);
+        }
+        let mut held = accepting.await.unwrap();
+        assert_eq!(pool.sweep(Instant::now()), 2);
+        drop(held.pop());
+        // The close reaches the pool's socket through the event loop.
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while pool.sweep(Instant::now()) != 1 {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the closed connection swept");
+        let later = Instant::now() + IDLE_TIMEOUT + Duration::from_secs(1);
+        assert_eq!(pool.sweep(later), 0);
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_secs(10), held[0].read(&mut byte));
+        assert_eq!(read.await.expect("the expired one closed").unwrap(), 0);
     }
 
     #[tokio::test]
