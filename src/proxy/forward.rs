@@ -87,8 +87,8 @@ impl Forwarder {
     }
 
     /// Closes the pool's idle connections that have expired or that the server closed.
-    pub(crate) fn sweep_idle(&self) -> usize {
-        self.pool.sweep(tokio::time::Instant::now())
+    pub(crate) fn sweep_idle(&self) {
+        self.pool.sweep(tokio::time::Instant::now());
     }
 
     /// Sends the request upstream and waits for the response head; `trip` learns how the

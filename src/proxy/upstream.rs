@@ -21,7 +21,8 @@
 //! body was all sent ends the sending (the server has decided) and the connection is not reused.
 //!
 //! A connection is driven only by the request that uses it; an idle one is not polled at all
-//! until its next checkout, which looks (`MSG_PEEK`) whether the server closed it meanwhile.
+//! until its next checkout, which looks (`MSG_PEEK`) whether the server closed it meanwhile, or
+//! the pool's sweep every [`IDLE_SWEEP`], which closes those the server closed or that expired.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -645,19 +646,15 @@ impl Pool {
         }
         conn.read = BytesMut::new();
         conn.read_size = READ_BUFFER_MIN;
-        let now = Instant::now();
         let mut idle = self.idle().lock().unwrap_or_else(|p| p.into_inner());
-        // The oldest are at the front: drop those past their time, and any beyond the cap.
-        while idle
-            .front()
-            .is_some_and(|i| now.saturating_duration_since(i.since) > IDLE_TIMEOUT)
-        {
-            idle.pop_front();
-        }
+        // The oldest is at the front. Those past their time go in the sweep.
         if idle.len() >= self.max_idle {
             idle.pop_front();
         }
-        idle.push_back(Idle { conn, since: now });
+        idle.push_back(Idle {
+            conn,
+            since: Instant::now(),
+        });
     }
 }
 
@@ -868,60 +865,55 @@ mod tests {
             .collect()
     }
 
-    /// The pool keeps at most its cap of idle connections, closing the oldest, and hands out
-    /// the most recently used first.
-    #[tokio::test]
-    async fn the_oldest_idle_connection_goes_past_the_cap() {
+    /// A pool of at most `cap` idle connections after `n` new ones came back to it, the
+    /// server's ends of all `n`, and the pool's local ports, oldest first.
+    async fn pool_of_returned(cap: usize, n: usize) -> (Pool, Vec<TcpStream>, Vec<u16>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let accepting = tokio::spawn(async move {
             let mut held = Vec::new();
-            for _ in 0..3 {
+            for _ in 0..n {
                 held.push(listener.accept().await.unwrap().0);
             }
             held
         });
-        let pool = Pool::new(addr, Duration::from_secs(5), 2);
+        let pool = Pool::new(addr, Duration::from_secs(5), cap);
         let mut ports = Vec::new();
-        for _ in 0..3 {
+        for _ in 0..n {
             let checkout = pool.connect().await.unwrap();
             ports.push(checkout.conn.stream.local_addr().unwrap().port());
             pool.checkin(checkout.conn);
         }
-        assert_eq!(idle(&pool), 2);
-        let mut held = accepting.await.unwrap();
-        // The first connection was closed: its server side reads its end.
+        (pool, accepting.await.unwrap(), ports)
+    }
+
+    /// Waits (up to 10 s) for the pool's end of `server`'s connection to be closed.
+    async fn assert_closed_by_the_pool(server: &mut TcpStream) {
         let mut byte = [0u8; 1];
-        let read = tokio::time::timeout(Duration::from_secs(10), held[0].read(&mut byte));
-        assert_eq!(read.await.expect("the oldest closed").unwrap(), 0);
+        let read = tokio::time::timeout(Duration::from_secs(10), server.read(&mut byte));
+        assert_eq!(read.await.expect("closed by the pool").unwrap(), 0);
+    }
+
+    /// The pool keeps at most its cap of idle connections, closing the oldest, and hands out
+    /// the most recently used first.
+    #[tokio::test]
+    async fn the_oldest_idle_connection_goes_past_the_cap() {
+        let (pool, mut held, ports) = pool_of_returned(2, 3).await;
+        assert_eq!(idle(&pool), 2);
+        assert_closed_by_the_pool(&mut held[0]).await;
         for expected in [ports[2], ports[1]] {
             let checkout = pool.checkout().await.unwrap();
             assert!(checkout.reused);
             assert_eq!(checkout.conn.stream.local_addr().unwrap().port(), expected);
         }
         assert_eq!(idle(&pool), 0);
-        held.clear();
     }
 
     /// The sweep closes the idle connections the server closed, and those past their time,
     /// without waiting for a request to meet them.
     #[tokio::test]
     async fn the_sweep_closes_idle_connections_the_server_closed_or_that_expired() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        let accepting = tokio::spawn(async move {
-            let mut held = Vec::new();
-            for _ in 0..2 {
-                held.push(listener.accept().await.unwrap().0);
-            }
-            held
-        });
-        let pool = Pool::new(addr, Duration::from_secs(5), 16);
-        for _ in 0..2 {
-            let checkout = pool.connect().await.unwrap();
-            pool.checkin(checkout.conn);
-        }
-        let mut held = accepting.await.unwrap();
+        let (pool, mut held, _) = pool_of_returned(16, 2).await;
         assert_eq!(pool.sweep(Instant::now()), 2);
         drop(held.pop());
         // The close reaches the pool's socket through the event loop.
@@ -934,9 +926,7 @@ mod tests {
         .expect("the closed connection swept");
         let later = Instant::now() + IDLE_TIMEOUT + Duration::from_secs(1);
         assert_eq!(pool.sweep(later), 0);
-        let mut byte = [0u8; 1];
-        let read = tokio::time::timeout(Duration::from_secs(10), held[0].read(&mut byte));
-        assert_eq!(read.await.expect("the expired one closed").unwrap(), 0);
+        assert_closed_by_the_pool(&mut held[0]).await;
     }
 
     #[tokio::test]
