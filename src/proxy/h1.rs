@@ -39,6 +39,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body;
+use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -286,8 +287,22 @@ impl Client {
                 self.read.reserve(grow.min(room));
             }
             let room = limit.saturating_sub(self.read.len());
+            let space = room.min(self.read.capacity() - self.read.len());
             match self.stream.try_read_buf(&mut (&mut self.read).limit(room)) {
-                Ok(n) => return Poll::Ready(Ok(n)),
+                Ok(n) => {
+                    // A read that left room took all the socket held: forget the readiness
+                    // now, as tokio's own `poll_read` does. Kept, the next poll (the watch on
+                    // the client while its request is served) spent a `recv` on `EAGAIN`, on
+                    // every request, between sending it upstream and sleeping. Readiness that
+                    // came after this read is not lost: the event loop has not run since, and
+                    // new bytes raise a new edge-triggered event.
+                    if n > 0 && n < space {
+                        let _ = self.stream.try_io(Interest::READABLE, || {
+                            Err::<(), _>(io::ErrorKind::WouldBlock.into())
+                        });
+                    }
+                    return Poll::Ready(Ok(n));
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                 Err(e) => return Poll::Ready(Err(e)),
             }
@@ -988,6 +1003,32 @@ mod tests {
         assert_eq!(got.matches("HTTP/1.1 200 OK\r\n").count(), 3, "{got}");
         assert!(got.contains("transfer-encoding: chunked\r\n"), "{got}");
         assert!(got.contains("\r\ndate: "), "{got}");
+    }
+
+    /// A head longer than the first read is read whole from what the socket already holds:
+    /// only a read that left room forgets the socket's readiness (no new event would come for
+    /// the bytes still waiting), and one that did is still woken by the bytes that follow.
+    #[tokio::test]
+    async fn a_head_longer_than_the_first_read_is_read_from_what_waits() {
+        let (mut client, _server) = connect(limits(), echo).await;
+        let long = "v".repeat(3 * READ_FIRST);
+        client
+            .write_all(
+                format!("GET /long HTTP/1.1\r\nhost: x\r\nx-long: {long}\r\n\r\n").as_bytes(),
+            )
+            .await
+            .unwrap();
+        let got = read_until(&mut client, "0\r\n\r\n", 1).await;
+        assert!(got.contains("GET /long "), "{got}");
+        // A head in two writes, the second after the first was read (a short read).
+        client
+            .write_all(b"GET /split HTTP/1.1\r\nho")
+            .await
+            .unwrap();
+        tokio::task::yield_now().await;
+        client.write_all(b"st: x\r\n\r\n").await.unwrap();
+        let got = read_until(&mut client, "0\r\n\r\n", 1).await;
+        assert!(got.contains("GET /split "), "{got}");
     }
 
     /// A body that did not come with its head is read from the socket as the service reads
