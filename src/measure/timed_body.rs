@@ -5,6 +5,11 @@
 //! writes it to the client connection at once. It forwards `is_end_stream` and `size_hint`, and
 //! finishes the recorder exactly once: at the end, on an upstream error, or (through the
 //! recorder's `Drop`) when the client goes away and hyper drops the body.
+//!
+//! A server that says when what it was handed has been written ([`Written`], the proxy's own
+//! HTTP/1.1 server) lets the body read a frame then, after the write: the frame is still stamped
+//! when it is handed on, but its parsing and accounting are off the path from the upstream's
+//! socket to the client's, where they added to every token's latency and most to the first's.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -33,6 +38,72 @@ pin_project! {
         // boxed: checked on every wait, one heap object fewer to reach.
         #[pin]
         timer: Option<Sleep>,
+        // Whether frames may be read after they are written ([`Written::defer`]).
+        defer: bool,
+        // Frames handed on and not read yet.
+        unread: Unread,
+    }
+    impl<B> PinnedDrop for TimedBody<B> {
+        // A frame handed on counts even when the client goes away before it was read.
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            this.unread.read(this.recorder);
+        }
+    }
+}
+
+/// Frames a body may hold unread: those handed on in one go (a read of the upstream that held
+/// several events) are read together after their write.
+const UNREAD: usize = 4;
+
+/// Frames handed on and not read yet, oldest first, each with the moment it was handed on.
+#[derive(Default)]
+struct Unread {
+    frames: [Option<(Bytes, Instant)>; UNREAD],
+    len: usize,
+}
+
+impl Unread {
+    /// Keeps a frame for later; when full, the ones kept are read first.
+    fn keep(&mut self, data: Bytes, at: Instant, recorder: &mut Recorder) {
+        if self.len == UNREAD {
+            self.read(recorder);
+        }
+        self.frames[self.len] = Some((data, at));
+        self.len += 1;
+    }
+
+    /// Reads the frames kept, in order, each at the moment it was handed on.
+    fn read(&mut self, recorder: &mut Recorder) {
+        for slot in &mut self.frames[..self.len] {
+            if let Some((data, at)) = slot.take() {
+                recorder.on_data(&data, at);
+            }
+        }
+        self.len = 0;
+    }
+}
+
+/// A response body told by its server when what it handed on has been written to the client.
+pub trait Written {
+    /// The server will call [`Written::written`] after each write: the body may leave its
+    /// reading of a frame until then.
+    fn defer(self: Pin<&mut Self>) {}
+    /// Everything handed on so far has been written.
+    fn written(self: Pin<&mut Self>) {}
+}
+
+/// A body held whole (the proxy's own answers) has nothing to read late.
+impl<D> Written for http_body_util::Full<D> {}
+
+impl<B> Written for TimedBody<B> {
+    fn defer(self: Pin<&mut Self>) {
+        *self.project().defer = true;
+    }
+
+    fn written(self: Pin<&mut Self>) {
+        let this = self.project();
+        this.unread.read(this.recorder);
     }
 }
 
@@ -82,6 +153,8 @@ impl<B: Body<Data = Bytes>> TimedBody<B> {
             idle,
             last: now,
             timer: None,
+            defer: false,
+            unread: Unread::default(),
         }
     }
 }
@@ -127,6 +200,7 @@ impl<B: Body<Data = Bytes>> Body for TimedBody<B> {
                     }
                     timer.reset(deadline);
                 }
+                this.unread.read(this.recorder);
                 this.recorder.finish(End::UpstreamIdle, Instant::now());
                 return Poll::Ready(Some(Err(TimedBodyError::Idle(idle))));
             }
@@ -135,17 +209,30 @@ impl<B: Body<Data = Bytes>> Body for TimedBody<B> {
         *this.last = now;
         match &polled {
             Some(Ok(frame)) => {
-                if let Some(data) = frame.data_ref() {
-                    this.recorder.on_data(data, now);
-                }
                 // hyper stops polling once the body says it has ended, so finish now; trailers
                 // are the end of a body too.
-                if frame.is_trailers() || this.inner.is_end_stream() {
+                let end = frame.is_trailers() || this.inner.is_end_stream();
+                if let Some(data) = frame.data_ref() {
+                    if *this.defer && !end {
+                        this.unread.keep(data.clone(), now, this.recorder);
+                    } else {
+                        this.unread.read(this.recorder);
+                        this.recorder.on_data(data, now);
+                    }
+                }
+                if end {
+                    this.unread.read(this.recorder);
                     this.recorder.finish(End::Complete, now);
                 }
             }
-            Some(Err(_)) => this.recorder.finish(End::UpstreamBroken, now),
-            None => this.recorder.finish(End::Complete, now),
+            Some(Err(_)) => {
+                this.unread.read(this.recorder);
+                this.recorder.finish(End::UpstreamBroken, now);
+            }
+            None => {
+                this.unread.read(this.recorder);
+                this.recorder.finish(End::Complete, now);
+            }
         }
         Poll::Ready(polled.map(|r| r.map_err(TimedBodyError::Upstream)))
     }
@@ -184,6 +271,19 @@ mod tests {
 
     /// Plays `(delay, bytes)` steps through a TimedBody on paused time and returns the record.
     async fn play(steps: Vec<(u64, Bytes)>, drop_after: Option<usize>) -> (Record, Arc<Meter>) {
+        play_as(steps, drop_after, None, None).await
+    }
+
+    /// [`play`], with an idle limit, and with `written_after`: the body reads each frame once
+    /// told it was written ([`Written`]), which is that many milliseconds after it was handed
+    /// on (never for the frame the body is dropped after; with [`NEVER`], never at all: each
+    /// frame is read when the next one comes, or at the end).
+    async fn play_as(
+        steps: Vec<(u64, Bytes)>,
+        drop_after: Option<usize>,
+        idle: Option<Duration>,
+        written_after: Option<u64>,
+    ) -> (Record, Arc<Meter>) {
         let mut meter = Meter::detached(1 << 20);
         let (sink, records) = RecordSink::channel(8, meter.metrics.access_log_dropped.clone());
         meter.access_log = Some(sink);
@@ -202,14 +302,32 @@ mod tests {
         let scripted = ScriptedBody {
             steps: steps.into(),
             sleep: None,
+            due: Instant::now(),
         };
-        let mut body = Box::pin(TimedBody::new(scripted, recorder, None));
+        let mut body = Box::pin(TimedBody::new(scripted, recorder, idle));
+        if written_after.is_some() {
+            body.as_mut().defer();
+        }
         let mut n = 0;
         while let Some(frame) = body.frame().await {
-            frame.unwrap();
+            if frame.is_err() {
+                break;
+            }
             n += 1;
             if Some(n) == drop_after {
                 break;
+            }
+            if let Some(after) = written_after {
+                let unread = body.as_mut().frame_is_unread();
+                assert!(
+                    unread || body.is_end_stream(),
+                    "frame {n} was read before its write"
+                );
+                if after != NEVER {
+                    tokio::time::sleep(Duration::from_millis(after)).await;
+                    body.as_mut().written();
+                    assert!(!body.as_mut().frame_is_unread());
+                }
             }
         }
         drop(body);
@@ -219,10 +337,20 @@ mod tests {
         (record, meter)
     }
 
-    /// A body that yields each frame after its delay on tokio's (paused) clock.
+    const NEVER: u64 = u64::MAX;
+
+    impl<B> TimedBody<B> {
+        fn frame_is_unread(self: Pin<&mut Self>) -> bool {
+            self.unread.len > 0
+        }
+    }
+
+    /// A body that yields each frame its delay after the one before was due, on tokio's
+    /// (paused) clock, however late it is polled.
     struct ScriptedBody {
         steps: VecDeque<(u64, Bytes)>,
         sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+        due: Instant,
     }
 
     impl Body for ScriptedBody {
@@ -237,11 +365,13 @@ mod tests {
             let Some(&(delay, _)) = this.steps.front() else {
                 return Poll::Ready(None);
             };
+            let due = this.due + Duration::from_millis(delay);
             let sleep = this
                 .sleep
-                .get_or_insert_with(|| Box::pin(tokio::time::sleep(Duration::from_millis(delay))));
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(due)));
             ready!(sleep.as_mut().poll(cx));
             this.sleep = None;
+            this.due = due;
             Poll::Ready(
                 this.steps
                     .pop_front()
@@ -250,28 +380,43 @@ mod tests {
         }
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn figures_are_exact_on_paused_time() {
+    /// A chat stream: role, five tokens (two in one frame), finish, done.
+    fn story() -> Vec<(u64, Bytes)> {
         let role = Bytes::from_static(
             b"data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\"}}]}\n\n",
         );
         let finish = Bytes::from_static(
             b"data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n",
         );
-        let (r, meter) = play(
-            vec![
-                (10, role),
-                (190, chunk("a")),
-                (50, chunk("b")),
-                (150, chunk("c")),
-                // Two events in one frame arrive together: one gap of 40 ms, one of zero.
-                (40, Bytes::from([chunk("d"), chunk("e")].concat())),
-                (5, finish),
-                (0, Bytes::from_static(b"data: [DONE]\n\n")),
-            ],
-            None,
-        )
-        .await;
+        vec![
+            (10, role),
+            (190, chunk("a")),
+            (50, chunk("b")),
+            (150, chunk("c")),
+            // Two events in one frame arrive together: one gap of 40 ms, one of zero.
+            (40, Bytes::from([chunk("d"), chunk("e")].concat())),
+            (5, finish),
+            (0, Bytes::from_static(b"data: [DONE]\n\n")),
+        ]
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn figures_are_exact_on_paused_time() {
+        let (r, meter) = play(story(), None).await;
+        check_story(&r, &meter);
+    }
+
+    /// Read after its write, or only when the next frame comes, each frame still counts at the
+    /// moment it was handed on: the same figures.
+    #[tokio::test(start_paused = true)]
+    async fn frames_read_after_their_write_count_when_they_were_handed_on() {
+        let (r, meter) = play_as(story(), None, None, Some(0)).await;
+        check_story(&r, &meter);
+        let (r, meter) = play_as(story(), None, None, Some(NEVER)).await;
+        check_story(&r, &meter);
+    }
+
+    fn check_story(r: &Record, meter: &Meter) {
         assert_eq!(r.outcome, "ok");
         assert_eq!(r.ttfb_ms, Some(10.0));
         assert_eq!(r.ttft_ms, Some(200.0));
@@ -295,6 +440,21 @@ mod tests {
         ] {
             assert!(text.contains(line), "missing {line}\n{text}");
         }
+    }
+
+    /// A frame handed on and not read yet when the client goes away, or when the upstream then
+    /// falls silent, still counts.
+    #[tokio::test(start_paused = true)]
+    async fn a_frame_not_read_yet_counts_at_the_end() {
+        let steps = || vec![(100, chunk("a")), (100, chunk("b")), (1000, chunk("c"))];
+        let (r, _) = play_as(steps(), Some(2), None, Some(1)).await;
+        assert_eq!(r.outcome, "cancelled");
+        assert_eq!(r.output_tokens, 2);
+        assert_eq!(r.max_itl_ms, Some(100.0));
+        let (r, _) = play_as(steps(), None, Some(Duration::from_millis(500)), Some(NEVER)).await;
+        assert_eq!(r.outcome, "error");
+        assert_eq!(r.output_tokens, 2);
+        assert_eq!(r.max_itl_ms, Some(100.0));
     }
 
     #[tokio::test(start_paused = true)]

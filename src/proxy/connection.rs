@@ -35,6 +35,7 @@ use tokio::time::Instant;
 
 use super::client_body::ClientBody;
 use super::h1;
+use crate::measure::Written;
 
 /// The HTTP/2 connection preface (RFC 9113 §3.4).
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -341,7 +342,7 @@ pub(crate) async fn serve<S, B, F>(
     S: hyper::service::Service<Request<ClientBody>, Response = Response<B>> + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    B: Body<Data = Bytes> + Send + 'static,
+    B: Body<Data = Bytes> + Written + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let socket = socket2::SockRef::from(&stream);
@@ -553,7 +554,7 @@ mod tests {
         };
         let service = hyper::service::service_fn(|_: Request<ClientBody>| async {
             let body =
-                super::super::service::ProxyBody::Right(http_body_util::Full::new(Bytes::new()));
+                super::super::service::ProxyBody::own(http_body_util::Full::new(Bytes::new()));
             Ok::<_, std::convert::Infallible>(Response::new(body))
         });
         let task = serve(server, limits, move |_| service, shutdown);

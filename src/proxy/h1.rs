@@ -47,6 +47,7 @@ use tokio::time::Instant;
 use super::client_body::{ClientBody, Handback, Streamed};
 use super::codec::{put_field, Decoder, WriteQueue};
 use super::upstream::TransferCodings;
+use crate::measure::Written;
 
 /// Request header fields at most (hyper's default too); more is a 431.
 pub(crate) const MAX_HEADERS: usize = 100;
@@ -78,7 +79,7 @@ pub(crate) async fn serve<S, B>(
 ) where
     S: hyper::service::Service<Request<ClientBody>, Response = Response<B>>,
     S::Error: Into<BoxError>,
-    B: Body<Data = Bytes>,
+    B: Body<Data = Bytes> + Written,
     B::Error: Into<BoxError>,
 {
     let mut client = Client {
@@ -516,7 +517,7 @@ impl Client {
         exchange: &Exchange,
     ) -> bool
     where
-        B: Body<Data = Bytes>,
+        B: Body<Data = Bytes> + Written,
         B::Error: Into<BoxError>,
     {
         let ReadyHead {
@@ -535,6 +536,8 @@ impl Client {
         }
         let mut broken = false;
         let mut watcher = None;
+        // The body reads each frame once it is written, off the path to the client.
+        body.as_mut().defer();
         let finished = poll_fn(|cx| loop {
             let mut body_pending = false;
             while !ended && !broken && writer.has_room() {
@@ -581,7 +584,10 @@ impl Client {
                 }
             }
             let wrote = match writer.poll_write(&self.stream, cx) {
-                Poll::Ready(Ok(())) => true,
+                Poll::Ready(Ok(())) => {
+                    body.as_mut().written();
+                    true
+                }
                 Poll::Ready(Err(_)) => return Poll::Ready(false),
                 Poll::Pending => false,
             };
@@ -908,6 +914,8 @@ mod tests {
 
     /// A response body of given frames (an `Err` breaks it), of unknown length.
     struct Frames(VecDeque<Result<Frame<Bytes>, io::Error>>);
+
+    impl Written for Frames {}
 
     impl Body for Frames {
         type Data = Bytes;

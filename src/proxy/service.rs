@@ -9,10 +9,13 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::{header, Method, Request, Response, Version};
-use http_body_util::{Either, Full};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::Full;
+use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
 use super::client_body::ClientBody;
@@ -21,10 +24,69 @@ use super::forward::Trip;
 use super::generation::Generations;
 use super::request_body::{RequestBody, Upload};
 use super::upstream::PooledBody;
-use crate::measure::{Recorder, TimedBody};
+use crate::measure::{Recorder, TimedBody, Written};
 
-/// What the client receives: the upstream's body, timed, or the proxy's own error body.
-pub(crate) type ProxyBody = Either<TimedBody<PooledBody>, Full<Bytes>>;
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+pin_project! {
+    /// What the client receives: the upstream's body, timed, or the proxy's own error body.
+    /// Its own type rather than `http_body_util::Either`, so that the HTTP/1.1 server can reach
+    /// the timed body through it ([`Written`]).
+    #[project = ProxyBodyProj]
+    pub(crate) enum ProxyBody {
+        Timed { #[pin] body: TimedBody<PooledBody> },
+        Own { #[pin] body: Full<Bytes> },
+    }
+}
+
+impl ProxyBody {
+    pub(crate) fn own(body: Full<Bytes>) -> ProxyBody {
+        ProxyBody::Own { body }
+    }
+}
+
+impl Body for ProxyBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.project() {
+            ProxyBodyProj::Timed { body } => body.poll_frame(cx).map_err(Into::into),
+            ProxyBodyProj::Own { body } => body.poll_frame(cx).map_err(|e| match e {}),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ProxyBody::Timed { body } => body.is_end_stream(),
+            ProxyBody::Own { body } => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ProxyBody::Timed { body } => body.size_hint(),
+            ProxyBody::Own { body } => body.size_hint(),
+        }
+    }
+}
+
+impl Written for ProxyBody {
+    fn defer(self: Pin<&mut Self>) {
+        if let ProxyBodyProj::Timed { body } = self.project() {
+            body.defer();
+        }
+    }
+
+    fn written(self: Pin<&mut Self>) {
+        if let ProxyBodyProj::Timed { body } = self.project() {
+            body.written();
+        }
+    }
+}
 
 /// The proxy as a hyper service; cheap to clone per connection.
 #[derive(Clone)]
@@ -101,7 +163,7 @@ impl Proxy {
             recorder.finish(error.end(), Instant::now());
             return Box::pin(std::future::ready(Ok(error
                 .to_response()
-                .map(Either::Right))));
+                .map(ProxyBody::own))));
         }
         let (parts, body) = request.into_parts();
         let model = recorder.model_slot();
@@ -140,7 +202,7 @@ impl Proxy {
                     recorder.on_head(response.status(), response.headers());
                     let (parts, body) = response.into_parts();
                     let body = TimedBody::new(body, recorder, Some(generation.timeouts.idle));
-                    Ok(Response::from_parts(parts, Either::Left(body)))
+                    Ok(Response::from_parts(parts, ProxyBody::Timed { body }))
                 }
                 Err(error) => {
                     let end = error.end();
@@ -150,7 +212,7 @@ impl Proxy {
                         tracing::debug!(error = %error, "the client's request failed on its side");
                     }
                     recorder.finish(end, Instant::now());
-                    Ok(error.to_response().map(Either::Right))
+                    Ok(error.to_response().map(ProxyBody::own))
                 }
             }
         })
