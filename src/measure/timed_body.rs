@@ -1,8 +1,8 @@
 //! The response body as the client receives it, timestamped frame by frame.
 //!
 //! [`TimedBody`] forwards every frame of the upstream body unchanged, in the same poll, and shows
-//! its data to the request's [`Recorder`] by reference at the moment it is handed to hyper, which
-//! writes it to the client connection at once. It forwards `is_end_stream` and `size_hint`, and
+//! its data to the request's [`Recorder`] stamped with the moment it is handed to the server,
+//! which writes it to the client connection at once. It forwards `is_end_stream` and `size_hint`, and
 //! finishes the recorder exactly once: at the end, on an upstream error, or (through the
 //! recorder's `Drop`) when the client goes away and hyper drops the body.
 //!
