@@ -82,6 +82,12 @@ impl Unread {
         }
         self.len = 0;
     }
+
+    /// Ends the request: what was handed on is read first, so it all counts.
+    fn finish(&mut self, recorder: &mut Recorder, end: End, now: Instant) {
+        self.read(recorder);
+        recorder.finish(end, now);
+    }
 }
 
 /// A response body told by its server when what it handed on has been written to the client.
@@ -200,8 +206,8 @@ impl<B: Body<Data = Bytes>> Body for TimedBody<B> {
                     }
                     timer.reset(deadline);
                 }
-                this.unread.read(this.recorder);
-                this.recorder.finish(End::UpstreamIdle, Instant::now());
+                this.unread
+                    .finish(this.recorder, End::UpstreamIdle, Instant::now());
                 return Poll::Ready(Some(Err(TimedBodyError::Idle(idle))));
             }
         };
@@ -212,27 +218,23 @@ impl<B: Body<Data = Bytes>> Body for TimedBody<B> {
                 // hyper stops polling once the body says it has ended, so finish now; trailers
                 // are the end of a body too.
                 let end = frame.is_trailers() || this.inner.is_end_stream();
-                if let Some(data) = frame.data_ref() {
-                    if *this.defer && !end {
+                match frame.data_ref() {
+                    // Read once written (the last frame at once: the request ends with it).
+                    Some(data) if *this.defer && !end => {
                         this.unread.keep(data.clone(), now, this.recorder);
-                    } else {
+                    }
+                    Some(data) => {
                         this.unread.read(this.recorder);
                         this.recorder.on_data(data, now);
                     }
+                    None => {}
                 }
                 if end {
-                    this.unread.read(this.recorder);
-                    this.recorder.finish(End::Complete, now);
+                    this.unread.finish(this.recorder, End::Complete, now);
                 }
             }
-            Some(Err(_)) => {
-                this.unread.read(this.recorder);
-                this.recorder.finish(End::UpstreamBroken, now);
-            }
-            None => {
-                this.unread.read(this.recorder);
-                this.recorder.finish(End::Complete, now);
-            }
+            Some(Err(_)) => this.unread.finish(this.recorder, End::UpstreamBroken, now),
+            None => this.unread.finish(this.recorder, End::Complete, now),
         }
         Poll::Ready(polled.map(|r| r.map_err(TimedBodyError::Upstream)))
     }

@@ -47,6 +47,7 @@ use tokio::time::Instant;
 use super::client_body::{ClientBody, Handback, Streamed};
 use super::codec::{put_field, Decoder, WriteQueue};
 use super::upstream::TransferCodings;
+use super::BoxError;
 use crate::measure::Written;
 
 /// Request header fields at most (hyper's default too); more is a 431.
@@ -54,8 +55,6 @@ pub(crate) const MAX_HEADERS: usize = 100;
 /// The read buffer's first size for a head: most requests' heads (and often their bodies) fit.
 /// It doubles while a head does not fit, up to `limits.max_request_head_bytes`.
 const READ_FIRST: usize = 1 << 10;
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// What bounds an HTTP/1.1 connection (from the listener's limits).
 #[derive(Debug, Clone, Copy)]

@@ -27,3 +27,6 @@ pub(crate) mod upstream;
 pub use generation::{Overrides, Reloaded};
 pub use listener::accept;
 pub use server::{start, Running, StartError};
+
+/// Any error a body or service may end with, boxed.
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -24,9 +24,8 @@ use super::forward::Trip;
 use super::generation::Generations;
 use super::request_body::{RequestBody, Upload};
 use super::upstream::PooledBody;
+use super::BoxError;
 use crate::measure::{Recorder, TimedBody, Written};
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 pin_project! {
     /// What the client receives: the upstream's body, timed, or the proxy's own error body.
