@@ -698,16 +698,18 @@ fn print_report(params: &Params, measured: &Measured, context: &Context) {
         params.single_samples
     );
     println!();
-    println!("| way | TTFT p50 | TTFT p99 | request leg p50 | first-token leg p50 | per-event p50 | per-event p99 | failed |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("| way | TTFT p50 | TTFT p99 | request leg p50 | request leg p99 | first-token leg p50 | first-token leg p99 | per-event p50 | per-event p99 | failed |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for (name, way) in names.iter().zip(&measured.single) {
         let at = |samples: &[u64], p| or_na(percentile(samples, p).map(human));
         println!(
-            "| {name} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {name} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             at(&way.ttft_ns, 50.0),
             at(&way.ttft_ns, 99.0),
             at(&way.request_leg_ns, 50.0),
+            at(&way.request_leg_ns, 99.0),
             at(&way.first_token_leg_ns, 50.0),
+            at(&way.first_token_leg_ns, 99.0),
             at(&way.event_ns, 50.0),
             at(&way.event_ns, 99.0),
             way.failures.len(),

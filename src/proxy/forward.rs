@@ -269,12 +269,14 @@ fn strip_hop_by_hop_response(headers: &mut HeaderMap) {
 }
 
 /// Removes the headers that belong to one connection (RFC 9110 §7.6.1): those named by
-/// `Connection`, and the fixed set that proxies must not forward. Most heads carry none of them,
-/// so one pass over the names decides first; removing by name hashes it, and a name given as
-/// text is parsed on every call (a third of this function's cost when it did).
+/// `Connection`, and the fixed set that proxies must not forward. One pass over the names finds
+/// which of the fixed set are there (most heads carry none, a streamed response only
+/// `Transfer-Encoding`), and only those are removed: removing by name hashes it, and a name
+/// given as text is parsed on every call (a third of this function's cost when it did).
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
     const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+    const CONNECTION: usize = 0;
     let fixed = [
         header::CONNECTION,
         PROXY_CONNECTION,
@@ -283,10 +285,13 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
         header::TRANSFER_ENCODING,
         header::UPGRADE,
     ];
-    if !headers.keys().any(|name| fixed.contains(name)) {
-        return;
+    let mut present = [false; 6];
+    for name in headers.keys() {
+        if let Some(i) = fixed.iter().position(|f| f == name) {
+            present[i] = true;
+        }
     }
-    if headers.contains_key(header::CONNECTION) {
+    if present[CONNECTION] {
         let named: Vec<HeaderName> = headers
             .get_all(header::CONNECTION)
             .iter()
@@ -298,8 +303,10 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
             headers.remove(name);
         }
     }
-    for name in fixed {
-        headers.remove(name);
+    for (name, present) in fixed.into_iter().zip(present) {
+        if present {
+            headers.remove(name);
+        }
     }
 }
 

@@ -402,9 +402,18 @@ fn parse_head(
     is_head: bool,
 ) -> Result<Option<(Response<()>, Framing, bool)>, UpstreamError> {
     loop {
-        let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let mut parsed = httparse::Response::new(&mut fields);
-        let len = match parsed.parse(buf) {
+        // Nothing read yet (the request was just sent): no head to look for.
+        if buf.is_empty() {
+            return Ok(None);
+        }
+        // Uninitialised: filling 128 empty fields first cost more than parsing a short head.
+        let mut fields = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+        let mut parsed = httparse::Response::new(&mut []);
+        let len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
+            &mut parsed,
+            buf,
+            &mut fields,
+        ) {
             Ok(httparse::Status::Complete(len)) => len,
             Ok(httparse::Status::Partial) => return Ok(None),
             Err(httparse::Error::TooManyHeaders) => {
