@@ -769,39 +769,77 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, Refusal> {
     } else {
         Version::HTTP_11
     };
-    let fields: Vec<(HeaderName, std::ops::Range<usize>)> = parsed
-        .headers
-        .iter()
-        .map(|h| {
-            HeaderName::from_bytes(h.name.as_bytes())
-                .map(|name| (name, span(h.value)))
-                .map_err(|_| Refusal::BadRequest)
-        })
-        .collect::<Result<_, _>>()?;
+    // Where each field's name and value lie (the fields borrow `buf`, which the split below
+    // takes): on the stack, not in a vector.
+    let mut places = [[0u32; 4]; MAX_HEADERS];
+    let count = parsed.headers.len();
+    for (place, field) in places.iter_mut().zip(parsed.headers.iter()) {
+        let (name, value) = (span(field.name.as_bytes()), span(field.value));
+        *place = [name.start, name.end, value.start, value.end].map(|i| i as u32);
+    }
     let head = buf.split_to(length).freeze();
     let uri = Uri::from_maybe_shared(head.slice(path)).map_err(|_| Refusal::BadRequest)?;
-    let mut headers = HeaderMap::with_capacity(fields.len());
-    for (name, value) in fields {
-        let value =
-            HeaderValue::from_maybe_shared(head.slice(value)).map_err(|_| Refusal::BadRequest)?;
+    // One pass builds the map and reads what the connection needs from it: the map's own
+    // lookups hashed a name each time, six times a request.
+    let mut headers = HeaderMap::with_capacity(count);
+    let (mut close, mut keep_alive_asked, mut transfer_coded) = (false, false, false);
+    let (mut expect_continue, mut trailers) = (false, false);
+    let (mut length, mut length_bad): (Option<u64>, bool) = (None, false);
+    for &[name_start, name_end, start, end] in &places[..count] {
+        let name = HeaderName::from_bytes(&head[name_start as usize..name_end as usize])
+            .map_err(|_| Refusal::BadRequest)?;
+        let value = HeaderValue::from_maybe_shared(head.slice(start as usize..end as usize))
+            .map_err(|_| Refusal::BadRequest)?;
+        let tokens = || {
+            value
+                .to_str()
+                .into_iter()
+                .flat_map(|v| v.split(','))
+                .map(str::trim)
+        };
+        if name == header::CONNECTION {
+            for token in tokens() {
+                close |= token.eq_ignore_ascii_case("close");
+                keep_alive_asked |= token.eq_ignore_ascii_case("keep-alive");
+            }
+        } else if name == header::TRANSFER_ENCODING {
+            transfer_coded = true;
+        } else if name == header::CONTENT_LENGTH {
+            // Judged below, unless a transfer coding frames the body instead.
+            let items = value.to_str().map(|v| v.split(',').map(str::trim));
+            for item in items.into_iter().flatten() {
+                let n = item
+                    .bytes()
+                    .all(|b| b.is_ascii_digit())
+                    .then(|| item.parse::<u64>().ok())
+                    .flatten();
+                match n {
+                    Some(n) if length.is_none_or(|l| l == n) => length = Some(n),
+                    _ => length_bad = true,
+                }
+            }
+            length_bad |= value.to_str().is_err();
+        } else if name == header::EXPECT {
+            // The first `Expect` decides, as a lookup of the field would.
+            if !headers.contains_key(header::EXPECT) {
+                expect_continue = value.as_bytes().eq_ignore_ascii_case(b"100-continue");
+            }
+        } else if name == header::TE {
+            trailers |= tokens().any(|t| t.eq_ignore_ascii_case("trailers"));
+        }
         headers.append(name, value);
     }
+    let expect_continue = expect_continue && version == Version::HTTP_11;
     let mut request = Request::new(());
     *request.method_mut() = method;
     *request.uri_mut() = uri;
     *request.version_mut() = version;
-    let connection_says = |token: &str| {
-        headers.get_all(header::CONNECTION).iter().any(|v| {
-            v.to_str()
-                .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
-        })
-    };
     let mut keep_alive = if version == Version::HTTP_10 {
-        connection_says("keep-alive")
+        keep_alive_asked
     } else {
-        !connection_says("close")
+        !close
     };
-    let chunked = if headers.contains_key(header::TRANSFER_ENCODING) {
+    let chunked = if transfer_coded {
         if version == Version::HTTP_10 {
             return Err(Refusal::BadRequest);
         }
@@ -827,33 +865,11 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, Refusal> {
             keep_alive = false;
         }
         Decoder::chunked()
+    } else if length_bad {
+        return Err(Refusal::BadRequest);
     } else {
-        let mut length = None;
-        for value in headers.get_all(header::CONTENT_LENGTH) {
-            for item in value.to_str().map_err(|_| Refusal::BadRequest)?.split(',') {
-                let item = item.trim();
-                if item.is_empty() || !item.bytes().all(|b| b.is_ascii_digit()) {
-                    return Err(Refusal::BadRequest);
-                }
-                let n: u64 = item.parse().map_err(|_| Refusal::BadRequest)?;
-                if length.is_some_and(|l| l != n) {
-                    return Err(Refusal::BadRequest);
-                }
-                length = Some(n);
-            }
-        }
         Decoder::length(length.unwrap_or(0))
     };
-    let expect_continue = version == Version::HTTP_11
-        && headers
-            .get(header::EXPECT)
-            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
-    let trailers = headers.get_all(header::TE).iter().any(|v| {
-        v.to_str().is_ok_and(|v| {
-            v.split(',')
-                .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
-        })
-    });
     *request.headers_mut() = headers;
     let head_method = request.method() == Method::HEAD;
     Ok(Some(Head {
@@ -1185,6 +1201,35 @@ mod tests {
             .unwrap();
         let got = read_to_close(&mut client).await;
         assert!(got.starts_with("HTTP/1.1 501 "), "{got}");
+    }
+
+    /// A body's length: the same length given twice is one length; lengths that differ, or
+    /// one that is not a number, are refused, unless the chunked framing makes the length
+    /// moot. `Connection: close` from the client closes after the response.
+    #[tokio::test]
+    async fn lengths_are_judged_as_one_and_a_close_is_kept() {
+        let answer = |request: &'static [u8]| async move {
+            let (mut client, _server) = connect(limits(), echo).await;
+            client.write_all(request).await.unwrap();
+            read_to_close(&mut client).await
+        };
+        let got = answer(
+            b"POST /a HTTP/1.1\r\nhost: x\r\ncontent-length: 3, 3\r\nconnection: close\r\n\r\nabc",
+        )
+        .await;
+        assert!(got.starts_with("HTTP/1.1 200 "), "{got}");
+        assert!(got.contains("POST /a abc"), "{got}");
+        assert!(got.contains("connection: close\r\n"), "{got}");
+        for refused in [
+            &b"POST /b HTTP/1.1\r\nhost: x\r\ncontent-length: 3\r\ncontent-length: 4\r\n\r\nabcd"[..],
+            b"POST /b HTTP/1.1\r\nhost: x\r\ncontent-length: 3x\r\n\r\nabc",
+            b"POST /b HTTP/1.1\r\nhost: x\r\ncontent-length: 3,\r\n\r\nabc",
+        ] {
+            let got = answer(refused).await;
+            assert!(got.starts_with("HTTP/1.1 400 "), "{got}");
+        }
+        let got = answer(b"POST /c HTTP/1.1\r\nhost: x\r\ncontent-length: 3x\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n").await;
+        assert!(got.contains("POST /c hi"), "{got}");
     }
 
     /// A body that breaks ends the client's response without its last chunk, and the
