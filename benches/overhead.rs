@@ -19,10 +19,10 @@
 //! `TOKENMETER_BENCH_INTERVAL_US=20000` (the pace), `TOKENMETER_BENCH_NGINX=PATH` (or `0` to leave
 //! nginx out), `TOKENMETER_BENCH_RELAY=1` (a bare TCP relay process as one more way: the cost of
 //! the hop alone), `TOKENMETER_BENCH_CANDIDATE=PATH` (another tokenmeter binary as one more way,
-//! `candidate`: two builds compared in one run), `TOKENMETER_BENCH_SAMPLES=400` (one-user requests
+//! `candidate`: two builds compared in one run), `TOKENMETER_BENCH_SAMPLES=1000` (one-user requests
 //! per way), `TOKENMETER_BENCH_PIN=1` (the bench's own threads, load generator and mock, on CPU 0
 //! and the proxies on CPU 1, with `taskset`: what each proxy adds when it does not share a core
-//! with the load; a diagnostic, not the setup), `TOKENMETER_BENCH_ROUNDS=2` (rounds per
+//! with the load; a diagnostic, not the setup), `TOKENMETER_BENCH_ROUNDS=3` (rounds per
 //! level and way, the ways rotating: more for a finer A/B), `TOKENMETER_BENCH_DEFAULT_WORKERS=0`
 //! (leave out the way that runs tokenmeter on its default worker count), and
 //! `TOKENMETER_BENCH_PERF=DIR` (one extra, uncounted round per proxy at the level nearest 512
@@ -252,13 +252,13 @@ impl Params {
             single_warmup: if quick { 3 } else { 10 },
             single_samples: number("TOKENMETER_BENCH_SAMPLES")
                 .map(|n| n.clamp(1, 100_000) as usize)
-                .unwrap_or(if quick { 30 } else { 400 }),
+                .unwrap_or(if quick { 30 } else { 1000 }),
             workload: Workload::new(tokens, interval),
             levels,
             window: Duration::from_secs(if quick { 1 } else { 4 }),
             rounds: number("TOKENMETER_BENCH_ROUNDS")
                 .filter(|&n| n > 0)
-                .map_or(if quick { 1 } else { 2 }, |n| n as usize),
+                .map_or(if quick { 1 } else { 3 }, |n| n as usize),
             relay: flag("TOKENMETER_BENCH_RELAY"),
             pin: flag("TOKENMETER_BENCH_PIN"),
             default_workers: std::env::var("TOKENMETER_BENCH_DEFAULT_WORKERS").as_deref()
