@@ -397,6 +397,9 @@ fn carries_body(method: &Method) -> bool {
 /// Parses a final response head off the front of `buf` (1xx answers are dropped); `None` until
 /// a whole head is buffered. Gives the head, how its body is framed, and whether the
 /// connection may be kept.
+// Not inlined: inlined into the exchange, its 4 KiB of header fields made every request's
+// future 1.6 KiB larger (4,104 bytes against 2,456), copied to the heap on every request.
+#[inline(never)]
 fn parse_head(
     buf: &mut BytesMut,
     is_head: bool,
