@@ -161,9 +161,29 @@ impl Forwarder {
             }
         };
         drop(retained);
+        // On the heap, and only when it happens: inline, the second attempt's state (a new
+        // connection, a second exchange and its deadline) made every request's future 1.7 KiB
+        // larger, copied to the heap and touched on every request.
+        Box::pin(self.send_again(again, upload, trip)).await
+    }
+
+    /// The one retry: the request again, on a new connection.
+    async fn send_again(
+        &self,
+        again: Request<UpstreamBody>,
+        upload: &Upload,
+        trip: &mut Trip,
+    ) -> Result<Response<PooledBody>, Error> {
         tracing::debug!("a reused upstream connection closed before answering; sending again");
         trip.retries += 1;
-        let mut checkout = self.pool.connect().await.map_err(unreachable)?;
+        let mut checkout = self
+            .pool
+            .connect()
+            .await
+            .map_err(|e| Error::UpstreamUnreachable {
+                upstream: self.upstream_text.clone(),
+                source: Box::new(e),
+            })?;
         trip.reused = false;
         trip.connect = checkout.connect;
         trip.handed = Some(Instant::now());
@@ -176,7 +196,7 @@ impl Forwarder {
                     source: Box::new(error),
                 }),
                 None => Err(Error::UpstreamFailed {
-                    upstream: upstream(),
+                    upstream: self.upstream_text.clone(),
                     source: Box::new(error),
                 }),
             },
