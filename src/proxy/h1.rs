@@ -135,40 +135,57 @@ impl Client {
         E: Into<BoxError>,
         B: Body<Data = Bytes>,
     {
-        let mut call = pin!(call);
-        // Until the response head: the client closing its side cancels the request.
-        let answered = poll_fn(|cx| {
-            if let Poll::Ready(answer) = call.as_mut().poll(cx) {
-                return Poll::Ready(Some(answer.map_err(Into::<BoxError>::into)));
+        // The response and its head are made in a block that ends before the write: a value
+        // whose scope spans an `.await` is kept in the future, and a response (its body's whole
+        // state) made this future 1.7 KiB, boxed and copied once a request.
+        let answer = {
+            let mut call = pin!(call);
+            // Until the response head: the client closing its side cancels the request.
+            let answered = poll_fn(|cx| {
+                if let Poll::Ready(answer) = call.as_mut().poll(cx) {
+                    return Poll::Ready(Some(answer.map_err(Into::<BoxError>::into)));
+                }
+                match self.poll_watch(cx) {
+                    Poll::Ready(()) => Poll::Ready(None),
+                    Poll::Pending => Poll::Pending,
+                }
+            })
+            .await;
+            self.ready(answered, exchange, *shutdown.borrow())
+        };
+        match answer {
+            Ready::Close => Answer::Close,
+            Ready::Bodiless(head) => {
+                let mut writer = head.writer;
+                let keep = self.flush(&mut writer).await && head.keep;
+                Answer::Sent { keep }
             }
-            match self.poll_watch(cx) {
-                Poll::Ready(()) => Poll::Ready(None),
-                Poll::Pending => Poll::Pending,
-            }
-        })
-        .await;
+            Ready::Stream(head, body) => Answer::Stream { head, body },
+        }
+    }
+
+    /// The head to write for the service's answer, and its body boxed if it has one to stream.
+    fn ready<B: Body<Data = Bytes>>(
+        &mut self,
+        answered: Option<Result<Response<B>, BoxError>>,
+        exchange: &Exchange,
+        closing: bool,
+    ) -> Ready<B> {
         let response = match answered {
             Some(Ok(response)) => response,
             Some(Err(e)) => {
                 tracing::debug!(error = %e, "the service failed a request; closing the connection");
-                return Answer::Close;
+                return Ready::Close;
             }
-            None => return Answer::Close,
+            None => return Ready::Close,
         };
-        let closing = *shutdown.borrow();
         let (parts, body) = response.into_parts();
         let head = self.head(&parts, &body, exchange, closing);
         drop(parts);
         if head.bodiless {
-            drop(body);
-            let mut writer = head.writer;
-            let keep = self.flush(&mut writer).await && head.keep;
-            return Answer::Sent { keep };
+            return Ready::Bodiless(head);
         }
-        Answer::Stream {
-            head,
-            body: Box::pin(body),
-        }
+        Ready::Stream(head, Box::pin(body))
     }
 }
 
@@ -223,6 +240,13 @@ enum Answer<B> {
         head: ReadyHead,
         body: std::pin::Pin<Box<B>>,
     },
+}
+
+/// The service's answer made ready to write.
+enum Ready<B> {
+    Close,
+    Bodiless(ReadyHead),
+    Stream(ReadyHead, std::pin::Pin<Box<B>>),
 }
 
 /// A response head ready to go, and how its body is framed.
