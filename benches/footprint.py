@@ -19,7 +19,7 @@ user, TTFT follows them more than it follows the instruction count.
     python3 benches/footprint.py              # builds the release binary; ~3 minutes
     python3 benches/footprint.py --tokenmeter PATH --nginx PATH
 
-Needs valgrind and nginx (Debian: apt-get install valgrind nginx-light); installs them with
+Needs valgrind and nginx (Debian: apt-get install valgrind nginx); installs them with
 apt-get when missing and run as root.
 """
 
@@ -153,21 +153,21 @@ def totals(path):
     return dict(zip(events, summary))
 
 
-def measure(proxy, command, signo, listen, mock, count, tokens, work):
+def measure(proxy, command, signo, listen, count, tokens, work):
     out = work / f"{proxy}-{count}-{tokens}.out"
     valgrind = ["valgrind", "--tool=callgrind", *CACHE, f"--callgrind-out-file={out}"]
-    log = open(work / f"{proxy}.log", "a")
-    process = subprocess.Popen(valgrind + command, stdout=log, stderr=log)
-    try:
-        wait_for(listen, process, proxy)
-        send(listen, count, tokens)
-    finally:
-        process.send_signal(signo)
+    with open(work / f"{proxy}.log", "a") as log:
+        process = subprocess.Popen(valgrind + command, stdout=log, stderr=log)
         try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+            wait_for(listen, process, proxy)
+            send(listen, count, tokens)
+        finally:
+            process.send_signal(signo)
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
     return totals(out)
 
 
@@ -188,7 +188,7 @@ def main():
     parser.add_argument("--nginx", default=shutil.which("nginx") or "/usr/sbin/nginx")
     args = parser.parse_args()
     ensure("valgrind", "valgrind")
-    ensure("nginx", "nginx-light")
+    ensure("nginx", "nginx")
     tokenmeter = args.tokenmeter
     if not tokenmeter:
         subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=ROOT, check=True)
@@ -217,7 +217,7 @@ def main():
             listen = free_port()
             command, signo = way(listen)
             print(f"footprint: {proxy}, {count} requests of {tokens} tokens", file=sys.stderr)
-            runs[(count, tokens)] = measure(proxy, command, signo, listen, mock, count, tokens, work)
+            runs[(count, tokens)] = measure(proxy, command, signo, listen, count, tokens, work)
         per_request = {k: (runs[(110, 4)][k] - runs[(10, 4)][k]) / 100 for k in runs[(10, 4)]}
         per_event = {k: (runs[(110, 36)][k] - runs[(110, 4)][k]) / (110 * 32) for k in runs[(10, 4)]}
         results[proxy] = (per_request, per_event)
