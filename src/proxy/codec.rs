@@ -354,18 +354,33 @@ impl Piece {
     }
 
     fn chunk_line(len: usize) -> Piece {
-        let mut line = [0u8; 18];
-        let digits = format_hex(len, &mut line);
-        line[digits] = b'\r';
-        line[digits + 1] = b'\n';
-        Piece::Line(line, 0, (digits + 2) as u8)
+        let (line, end) = size_line(len);
+        Piece::Line(line, 0, end as u8)
     }
+}
+
+/// The size line of a chunk of `len` bytes (hex digits and CRLF), and how long it is.
+fn size_line(len: usize) -> ([u8; 18], usize) {
+    let mut line = [0u8; 18];
+    let digits = format_hex(len, &mut line);
+    line[digits] = b'\r';
+    line[digits + 1] = b'\n';
+    (line, digits + 2)
+}
+
+/// The bytes of a chunk of `len` data bytes on the wire: size line, data, CRLF.
+fn chunk_len(len: usize) -> usize {
+    hex_digits(len) + 2 + len + 2
+}
+
+fn hex_digits(n: usize) -> usize {
+    ((usize::BITS - n.leading_zeros()).div_ceil(4)).max(1) as usize
 }
 
 /// Writes `n` in hex at the front of `out`; how many digits.
 fn format_hex(n: usize, out: &mut [u8; 18]) -> usize {
     const HEX: &[u8; 16] = b"0123456789ABCDEF";
-    let digits = ((usize::BITS - n.leading_zeros()).div_ceil(4)).max(1) as usize;
+    let digits = hex_digits(n);
     for i in 0..digits {
         out[digits - 1 - i] = HEX[(n >> (4 * i)) & 0xF];
     }
@@ -381,6 +396,10 @@ pub(crate) struct WriteQueue {
     /// The chunk the last frame went into, while none of it has been written: where its size
     /// line is in `pieces`, and its length.
     open: Option<(usize, usize)>,
+    /// A chunk's data queued alone (nothing else is): a streamed response's usual frame. It is
+    /// written with its size line made on the stack and its CRLF, the pieces untouched; what a
+    /// write leaves of it, or anything queued after it, moves it into the pieces.
+    lone: Option<Bytes>,
 }
 
 impl WriteQueue {
@@ -392,13 +411,28 @@ impl WriteQueue {
     }
 
     pub(crate) fn bytes(&mut self, bytes: Bytes) {
+        self.unlone();
         self.open = None;
         self.push(Piece::Bytes(bytes));
     }
 
     pub(crate) fn fixed(&mut self, bytes: &'static [u8]) {
+        self.unlone();
         self.open = None;
         self.push(Piece::Static(bytes));
+    }
+
+    /// The lone chunk, if any, as pieces (an open chunk, so a frame queued next joins it).
+    fn unlone(&mut self) {
+        if let Some(data) = self.lone.take() {
+            let len = data.len();
+            self.queued -= chunk_len(len);
+            self.push(Piece::chunk_line(len));
+            self.push(Piece::Bytes(data));
+            self.push(Piece::Static(b"\r\n"));
+            // Nothing else is queued while a chunk is lone: its size line is the first piece.
+            self.open = Some((0, len));
+        }
     }
 
     fn push(&mut self, piece: Piece) {
@@ -418,10 +452,17 @@ impl WriteQueue {
             return;
         }
         if !chunked {
+            self.unlone();
             self.open = None;
             self.push(Piece::Bytes(data));
             return;
         }
+        if self.pieces.is_empty() && self.lone.is_none() {
+            self.queued += chunk_len(data.len());
+            self.lone = Some(data);
+            return;
+        }
+        self.unlone();
         if let Some((line, len)) = self.open {
             // Grow the open chunk: a new size line, and its CRLF moves after this frame.
             let total = len + data.len();
@@ -448,11 +489,13 @@ impl WriteQueue {
     /// Whether another frame may be taken: its pieces fit in one `writev` and fewer than
     /// [`GATHER_BYTES`] are queued.
     pub(crate) fn has_room(&self) -> bool {
-        self.pieces.len() + 3 <= MAX_SLICES && self.queued < GATHER_BYTES
+        // A lone chunk is three pieces once another frame joins it.
+        self.pieces.len() + 3 * usize::from(self.lone.is_some()) + 3 <= MAX_SLICES
+            && self.queued < GATHER_BYTES
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        self.pieces.is_empty()
+        self.pieces.is_empty() && self.lone.is_none()
     }
 
     /// Bytes queued and not yet written.
@@ -464,9 +507,14 @@ impl WriteQueue {
     /// What is queued, as one buffer.
     #[cfg(test)]
     fn queued_bytes(&self) -> Vec<u8> {
+        let lone = self.lone.iter().flat_map(|data| {
+            let (line, end) = size_line(data.len());
+            [&line[..end], data, b"\r\n"].concat()
+        });
         self.pieces
             .iter()
             .flat_map(|p| p.as_slice().to_vec())
+            .chain(lone)
             .collect()
     }
 
@@ -490,6 +538,40 @@ impl WriteQueue {
         // What is written from here on may cut into the open chunk: it is closed.
         self.open = None;
         let mut direct = true;
+        if let Some(data) = &self.lone {
+            let (line, end) = size_line(data.len());
+            let slices = [
+                IoSlice::new(&line[..end]),
+                IoSlice::new(data),
+                IoSlice::new(b"\r\n"),
+            ];
+            let total = end + data.len() + 2;
+            match socket2::SockRef::from(stream).send_vectored(&slices) {
+                Ok(n) if n == total => {
+                    self.lone = None;
+                    self.queued -= total;
+                    self.written += total as u64;
+                    return Poll::Ready(Ok(()));
+                }
+                // Part of it, or nothing: the rest as pieces, written as any others are.
+                Ok(0) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Ok(n) => {
+                    self.unlone();
+                    self.open = None;
+                    self.consume(n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.unlone();
+                    self.open = None;
+                    direct = false;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {
+                    self.unlone();
+                    self.open = None;
+                }
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
         while !self.pieces.is_empty() {
             let written = if direct {
                 self.write_front(|slices| socket2::SockRef::from(stream).send_vectored(slices))
@@ -857,6 +939,50 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(got, b"3\r\none\r\n8\r\ntwothree\r\n");
+    }
+
+    /// A chunk queued alone goes out in one write when the socket takes it; when it takes part,
+    /// the rest waits as any queued bytes do, and no frame queued meanwhile joins the chunk
+    /// that is partly out: the peer decodes every frame, in order, framed as it should be.
+    #[tokio::test]
+    async fn a_lone_chunk_written_in_part_keeps_its_framing() {
+        let (client, mut server) = connected().await;
+        let mut queue = WriteQueue::default();
+        queue.data(Bytes::from_static(b"one"), true);
+        assert_eq!(queue.queued_bytes(), b"3\r\none\r\n");
+        assert_eq!(queue.queued(), 8);
+        std::future::poll_fn(|cx| queue.poll_write(&client, cx))
+            .await
+            .unwrap();
+        assert!(queue.is_empty());
+        assert_eq!(queue.written(), 8);
+        // More than loopback's socket buffers hold, in one frame.
+        let big = vec![b'x'; 8 << 20];
+        queue.data(Bytes::from(big.clone()), true);
+        let first = std::future::poll_fn(|cx| Poll::Ready(queue.poll_write(&client, cx))).await;
+        assert!(first.is_pending(), "8 MiB fit in a socket nobody reads");
+        assert!(queue.written() > 8);
+        queue.data(Bytes::from_static(b"two"), true);
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::new();
+            tokio::io::AsyncReadExt::read_to_end(&mut server, &mut got)
+                .await
+                .unwrap();
+            got
+        });
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            std::future::poll_fn(|cx| queue.poll_write(&client, cx)),
+        )
+        .await
+        .expect("woken when the socket had room")
+        .unwrap();
+        drop(client);
+        let mut want = b"3\r\none\r\n800000\r\n".to_vec();
+        want.extend_from_slice(&big);
+        want.extend_from_slice(b"\r\n3\r\ntwo\r\n");
+        assert_eq!(queue.written(), want.len() as u64);
+        assert!(reader.await.unwrap() == want, "the bytes arrived changed");
     }
 
     /// A socket whose peer stops reading fills: the queue waits (and is woken) for room, and
