@@ -154,13 +154,9 @@ fn details(cursor: &mut Cursor, name: &[u8]) -> Option<Option<Count>> {
 impl Chunk {
     /// The chunk, read by the strict cursor when it can (the token chunks that are nearly all of
     /// a stream), else by serde_json; `None` when it is not a JSON object of this shape.
-    /// `template`: the stream's last chunk the cursor read whole (see [`Template`]).
-    fn read(data: &[u8], template: Option<&mut Template>) -> Option<Chunk> {
-        let scanned = match template {
-            Some(template) => template.read(data),
-            None => Chunk::scan(data, &mut Holes::default()),
-        };
-        scanned.or_else(|| serde_json::from_slice(data).ok())
+    /// A stream's chunks are read through its [`Template`] instead.
+    fn read(data: &[u8]) -> Option<Chunk> {
+        Chunk::scan(data, &mut Holes::default()).or_else(|| serde_json::from_slice(data).ok())
     }
 
     /// The cursor's reading (`scan`): `None` leaves the chunk to serde_json, which reads what
@@ -279,45 +275,60 @@ impl Holes {
 struct Template {
     bytes: Vec<u8>,
     holes: Holes,
-    /// The template's reading (the cursor's: never `timings`, which are serde_json's to read).
+    /// The last chunk the cursor read whole (never `timings`, which are serde_json's to read),
+    /// lent out by [`Template::read`] rather than copied.
     reading: Option<Chunk>,
+    /// Whether `bytes` and `holes` are `reading`'s chunk, a template for the next ones.
+    kept: bool,
 }
 
 /// Longer chunks are read whole every time rather than kept (and hole positions fit in `u16`).
 const MAX_TEMPLATE: usize = 2048;
 
 impl Template {
-    /// The chunk read through the template when it fits, else whole (and kept as the next
-    /// template when the cursor could read it).
-    fn read(&mut self, data: &[u8]) -> Option<Chunk> {
-        if let Some(chunk) = self.fit(data) {
-            return Some(chunk);
+    /// The chunk read through the template when it fits, else whole by the cursor (and kept
+    /// as the next template when it can be); `None` leaves it to serde_json.
+    fn read(&mut self, data: &[u8]) -> Option<&Chunk> {
+        if self.fit(data).is_some() {
+            return self.reading.as_ref();
         }
         self.reading = None;
+        self.kept = false;
         self.holes.clear();
         let chunk = Chunk::scan(data, &mut self.holes)?;
         if data.len() <= MAX_TEMPLATE && !self.holes.overflow {
             self.bytes.clear();
             self.bytes.extend_from_slice(data);
-            self.reading = Some(chunk);
+            self.kept = true;
         }
-        Some(chunk)
+        Some(self.reading.insert(chunk))
     }
 
-    /// `data`'s reading when it fits the template.
-    fn fit(&self, data: &[u8]) -> Option<Chunk> {
-        let reading = self.reading?;
+    /// `data`'s reading when it fits the template: the template's reading, its counts (the
+    /// only values a hole gives it) now `data`'s. A chunk that does not fit may leave some
+    /// counts changed, which the next chunk that fits reads again before it is lent out.
+    fn fit(&mut self, data: &[u8]) -> Option<&Chunk> {
+        let Template {
+            bytes,
+            holes,
+            reading,
+            kept,
+        } = self;
+        if !*kept {
+            return None;
+        }
+        let reading = reading.as_mut()?;
         let mut cursor = Cursor::new(data)?;
-        let mut usage = reading.usage;
+        let usage = &mut reading.usage;
         let mut from = 0;
-        for &(start, end, hole) in self.holes.iter() {
-            cursor.literal_bytes(&self.bytes[from..start as usize])?;
+        for &(start, end, hole) in holes.iter() {
+            cursor.literal_bytes(&bytes[from..start as usize])?;
             match hole {
                 // Most values the reading ignores are the template's own (`id`, `model`): the
                 // same bytes, known well-formed, need no reading. Not a number, which the same
                 // bytes may only begin (`12` of `123`): numbers are read, and cheaply.
                 Hole::Skipped => {
-                    let same = &self.bytes[start as usize..end as usize];
+                    let same = &bytes[start as usize..end as usize];
                     let number = matches!(same.first(), Some(b'-' | b'0'..=b'9'));
                     if number || cursor.literal_bytes(same).is_none() {
                         cursor.skip_value()?;
@@ -333,9 +344,9 @@ impl Template {
             }
             from = end as usize;
         }
-        cursor.literal_bytes(&self.bytes[from..])?;
+        cursor.literal_bytes(&bytes[from..])?;
         cursor.end()?;
-        Some(Chunk { usage, ..reading })
+        Some(reading)
     }
 }
 
@@ -584,10 +595,18 @@ impl OpenAi {
         if is_done(data) {
             return Verdict { end: true, ..base };
         }
-        let Some(chunk) = Chunk::read(data, Some(&mut self.template)) else {
-            return base;
+        let whole;
+        let chunk = match self.template.read(data) {
+            Some(chunk) => chunk,
+            None => match serde_json::from_slice(data) {
+                Ok(chunk) => {
+                    whole = chunk;
+                    &whole
+                }
+                Err(_) => return base,
+            },
         };
-        let mut verdict = read(flavour, &chunk, base, report);
+        let mut verdict = read(flavour, chunk, base, report);
         let running = chunk.usage.as_ref().and_then(|u| u.completion_tokens.0);
         if let (Some(count), 1) = (running, chunk.choices.count) {
             verdict.tokens = self
@@ -607,7 +626,7 @@ pub(super) fn completions_body(body: &[u8], report: &mut EngineReport) -> Verdic
 }
 
 fn parse(flavour: Flavour, json: &[u8], report: &mut EngineReport) -> Verdict {
-    match Chunk::read(json, None) {
+    match Chunk::read(json) {
         Some(chunk) => read(flavour, &chunk, Verdict::default(), report),
         None => Verdict::default(),
     }
@@ -1118,7 +1137,7 @@ mod tests {
     }
 
     /// Two readings of one payload agree: both refused, or the same chunk.
-    fn same_reading(a: Option<Chunk>, b: Option<Chunk>) -> bool {
+    fn same_reading(a: Option<&Chunk>, b: Option<&Chunk>) -> bool {
         match (a, b) {
             (None, None) => true,
             (Some(a), Some(b)) => {
@@ -1143,7 +1162,7 @@ mod tests {
         let next = br#"{"id":"c22","object":"chat.completion.chunk","created":1234,"model":"m","choices":[{"index":0,"delta":{"content":"b\n\u00e9"},"logprobs":{"content":[]},"finish_reason":null}]}"#;
         let fitted = template.fit(next).expect("fits the template");
         assert!(fitted.choices.message_content);
-        assert!(same_reading(Some(fitted), fresh(next)));
+        assert!(same_reading(Some(fitted), fresh(next).as_ref()));
         // What the reading depends on changed: read whole, and the result is the chunk's own.
         for (data, why) in [
             (&br#"{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":""},"logprobs":null,"finish_reason":null}]}"#[..], "empty content"),
@@ -1155,7 +1174,10 @@ mod tests {
             let mut template = Template::default();
             assert!(template.read(first).is_some());
             assert!(template.fit(data).is_none(), "{why}");
-            assert!(same_reading(template.read(data), fresh(data)), "{why}");
+            assert!(
+                same_reading(template.read(data), fresh(data).as_ref()),
+                "{why}"
+            );
         }
         // Broken where a hole is, or around one: refused, as read whole.
         let mut template = Template::default();
@@ -1193,7 +1215,7 @@ mod tests {
         assert_eq!(fitted.usage.unwrap().prompt_tokens, Count(Some(5)));
         // A count serde_json reads as none (not a whole number) is none here too.
         let odd = br#"{"choices":[{"delta":{"content":"b"}}],"usage":{"prompt_tokens":5,"completion_tokens":2.5}}"#;
-        assert!(same_reading(template.fit(odd), fresh(odd)));
+        assert!(same_reading(template.fit(odd), fresh(odd).as_ref()));
         // `usage` null in the template: a usage object later does not fit.
         let mut template = Template::default();
         assert!(template
@@ -1201,7 +1223,7 @@ mod tests {
             .is_some());
         let with = br#"{"choices":[{"delta":{"content":"a"}}],"usage":{"completion_tokens":2}}"#;
         assert!(template.fit(with).is_none());
-        assert!(same_reading(template.read(with), fresh(with)));
+        assert!(same_reading(template.read(with), fresh(with).as_ref()));
     }
 
     #[test]
@@ -1239,7 +1261,7 @@ mod tests {
                 mutate(&mut data, &edits);
                 let templated = template.read(&data);
                 proptest::prop_assert!(
-                    same_reading(templated, fresh(&data)),
+                    same_reading(templated, fresh(&data).as_ref()),
                     "{}",
                     String::from_utf8_lossy(&data)
                 );
