@@ -642,9 +642,21 @@ fn print_report(params: &Params, measured: &Measured, context: &Context) {
             cells,
         );
         let values: Vec<Option<f64>> = level.ways.iter().map(|w| w.gapped_share()).collect();
-        let cells = values
+        // The counts beside the share: past saturation both proxies stall nearly every stream,
+        // and the verdict can rest on a few streams that a rounded share does not show.
+        let cells = level
+            .ways
             .iter()
-            .map(|v| or_na(v.map(|s| format!("{:.1} %", 100.0 * s))))
+            .map(|w| {
+                or_na(w.gapped_share().map(|s| {
+                    format!(
+                        "{:.1} % ({} of {})",
+                        100.0 * s,
+                        thousands(w.gapped as f64),
+                        thousands(w.streams as f64)
+                    )
+                }))
+            })
             .collect();
         push(
             format!(
