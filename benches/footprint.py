@@ -11,6 +11,12 @@ a millisecond). Each count is a difference of two runs, so start-up and shutdown
 
   per request = (110 requests of 4 tokens - 10 of 4) / 100
   per event   = (110 of 36 tokens - 110 of 4) / (110 x 32)
+  per event at 128 streams = (128 streams of 36 tokens - 128 of 4) / (128 x 32)
+
+The last has 128 streams open at once, an event every 50 ms on each, their starts spread: each
+event finds the caches holding the other streams' state, not its own, as in the overhead bench's
+concurrent levels (where CPU per frame is compared), and events that arrive together are
+served from one `epoll_wait`.
 
 The cache lines fetched are what a request pays when the machine has evicted the proxy's code
 and data between two of them (one user, where the other processes run in between): at one
@@ -41,8 +47,10 @@ ROOT = Path(__file__).resolve().parent.parent
 CACHE = ["--cache-sim=yes", "--I1=32768,8,64", "--D1=32768,8,64", "--LL=1048576,16,64"]
 BODY = (
     b'{"model":"bench","messages":[{"role":"user","content":"Tell me a story."}],'
-    b'"stream":true,"stream_options":{"include_usage":true},"max_tokens":%d}'
+    b'"stream":true,"stream_options":{"include_usage":true},"max_tokens":%d,"pace_ms":%d}'
 )
+# The concurrent measurement: streams open at once, and the pace of each one's events.
+STREAMS, PACE_MS = 128, 50
 
 
 def free_port():
@@ -82,6 +90,7 @@ class Mock:
                 length = re.search(rb"(?i)content-length:\s*(\d+)", head)
                 body = await reader.readexactly(int(length.group(1)) if length else 0)
                 tokens = int(re.search(rb'"max_tokens":(\d+)', body).group(1))
+                pace = int(re.search(rb'"pace_ms":(\d+)', body).group(1)) / 1000
                 out = (
                     b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
                     b"cache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n"
@@ -91,7 +100,7 @@ class Mock:
                 writer.write(out)
                 await writer.drain()
                 for i in range(1, tokens):
-                    await asyncio.sleep(0.001)
+                    await asyncio.sleep(pace)
                     writer.write(self.chunk(b'data: {"choices":[{"delta":{"content":" t%d"}}]}\n\n' % i))
                     await writer.drain()
                 usage = b'data: {"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":%d}}\n\n' % tokens
@@ -106,16 +115,20 @@ class Mock:
             pass
 
 
-def send(port, count, tokens):
-    """`count` requests, one at a time on one connection, 5 ms apart."""
-    body = BODY % tokens
-    request = (
+def request(tokens, pace_ms):
+    body = BODY % (tokens, pace_ms)
+    return (
         b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
         b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
     )
+
+
+def send(port, count, tokens):
+    """`count` requests, one at a time on one connection, 5 ms apart."""
+    request_bytes = request(tokens, 1)
     with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
         for _ in range(count):
-            s.sendall(request)
+            s.sendall(request_bytes)
             received = b""
             while not received.endswith(b"0\r\n\r\n"):
                 data = s.recv(65536)
@@ -125,6 +138,30 @@ def send(port, count, tokens):
             if b" 200 " not in received.split(b"\r\n", 1)[0]:
                 sys.exit("footprint: the proxy answered " + received.split(b"\r\n", 1)[0].decode())
             time.sleep(0.005)
+
+
+def concurrent(port, streams, tokens):
+    """`streams` streams at once, one per connection, their starts spread over one pace."""
+
+    async def one(i, request_bytes):
+        await asyncio.sleep(PACE_MS / 1000 * i / streams)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(request_bytes)
+        received = b""
+        while not received.endswith(b"0\r\n\r\n"):
+            data = await asyncio.wait_for(reader.read(65536), 30)
+            if not data:
+                sys.exit("footprint: the proxy closed a connection")
+            received += data
+        writer.close()
+        if b" 200 " not in received.split(b"\r\n", 1)[0]:
+            sys.exit("footprint: the proxy answered " + received.split(b"\r\n", 1)[0].decode())
+
+    async def all_streams():
+        request_bytes = request(tokens, PACE_MS)
+        await asyncio.gather(*(one(i, request_bytes) for i in range(streams)))
+
+    asyncio.run(all_streams())
 
 
 def wait_for(port, process, what):
@@ -153,14 +190,14 @@ def totals(path):
     return dict(zip(events, summary))
 
 
-def measure(proxy, command, signo, listen, count, tokens, work):
-    out = work / f"{proxy}-{count}-{tokens}.out"
+def measure(proxy, command, signo, listen, load, work, name):
+    out = work / f"{proxy}-{name}.out"
     valgrind = ["valgrind", "--tool=callgrind", *CACHE, f"--callgrind-out-file={out}"]
     with open(work / f"{proxy}.log", "a") as log:
         process = subprocess.Popen(valgrind + command, stdout=log, stderr=log)
         try:
             wait_for(listen, process, proxy)
-            send(listen, count, tokens)
+            load(listen)
         finally:
             process.send_signal(signo)
             try:
@@ -217,10 +254,21 @@ def main():
             listen = free_port()
             command, signo = way(listen)
             print(f"footprint: {proxy}, {count} requests of {tokens} tokens", file=sys.stderr)
-            runs[(count, tokens)] = measure(proxy, command, signo, listen, count, tokens, work)
-        per_request = {k: (runs[(110, 4)][k] - runs[(10, 4)][k]) / 100 for k in runs[(10, 4)]}
-        per_event = {k: (runs[(110, 36)][k] - runs[(110, 4)][k]) / (110 * 32) for k in runs[(10, 4)]}
-        results[proxy] = (per_request, per_event)
+            load = lambda port, count=count, tokens=tokens: send(port, count, tokens)
+            runs[(count, tokens)] = measure(proxy, command, signo, listen, load, work, f"{count}-{tokens}")
+        for tokens in (4, 36):
+            listen = free_port()
+            command, signo = way(listen)
+            print(f"footprint: {proxy}, {STREAMS} streams at once of {tokens} tokens", file=sys.stderr)
+            # A first wave opens the upstream connections and grows the buffers; the second,
+            # of `tokens` tokens, is the one the two runs differ in.
+            load = lambda port, tokens=tokens: (concurrent(port, STREAMS, 4), concurrent(port, STREAMS, tokens))
+            runs[("streams", tokens)] = measure(proxy, command, signo, listen, load, work, f"streams-{tokens}")
+        keys = runs[(10, 4)]
+        per_request = {k: (runs[(110, 4)][k] - runs[(10, 4)][k]) / 100 for k in keys}
+        per_event = {k: (runs[(110, 36)][k] - runs[(110, 4)][k]) / (110 * 32) for k in keys}
+        at_scale = {k: (runs[("streams", 36)][k] - runs[("streams", 4)][k]) / (STREAMS * 32) for k in keys}
+        results[proxy] = (per_request, per_event, at_scale)
 
     rows = [
         ("instructions", lambda c: c["Ir"]),
@@ -231,7 +279,7 @@ def main():
     print("\n## Footprint against nginx (`python3 benches/footprint.py`, callgrind)\n")
     print("| per | figure | nginx | tokenmeter | tokenmeter / nginx |")
     print("|---|---|---|---|---|")
-    for index, per in ((0, "request (4 tokens)"), (1, "event")):
+    for index, per in ((0, "request (4 tokens)"), (1, "event"), (2, f"event, {STREAMS} streams")):
         for name, value in rows:
             n, t = value(results["nginx"][index]), value(results["tokenmeter"][index])
             ratio = f"{t / n:.2f}" if n >= 1 else "n/a"
