@@ -36,6 +36,8 @@ mod processes;
 mod procfs;
 #[path = "overhead/serving.rs"]
 mod serving;
+#[path = "overhead/shipping.rs"]
+mod shipping;
 #[path = "overhead/upstream.rs"]
 mod upstream;
 
@@ -792,7 +794,7 @@ fn print_report(params: &Params, measured: &Measured, context: &Context) {
         or_na(context.nginx_version.clone()),
         params.levels.iter().copied().max().unwrap_or(0).max(16)
     );
-    println!("- tokenmeter: this build's release binary on its embedded defaults (metrics and the live view on, no access log) with `--workers 1`: one event loop, as nginx has one worker; `{DEFAULT_WORKERS_WAY}`: the same on its default worker count (one per CPU: {cores} here), each worker its own event loop on its own thread");
+    println!("- tokenmeter: this source's binary as `cargo build --release` builds it (not `cargo bench`'s, which carries tokio's test-util), on its embedded defaults (metrics and the live view on, no access log) with `--workers 1`: one event loop, as nginx has one worker; `{DEFAULT_WORKERS_WAY}`: the same on its default worker count (one per CPU: {cores} here), each worker its own event loop on its own thread");
     if params.pin {
         println!("- PINNED (TOKENMETER_BENCH_PIN): the load generator and the mock on CPU 0, the proxies on CPU 1; not issue 12's setup{}", if params.quick { "; QUICK run" } else { "" });
     } else {

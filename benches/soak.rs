@@ -29,6 +29,8 @@
 mod procfs;
 #[path = "overhead/serving.rs"]
 mod serving;
+#[path = "overhead/shipping.rs"]
+mod shipping;
 
 use std::convert::Infallible;
 use std::io::Read;
@@ -215,12 +217,10 @@ impl Params {
             }
             _ => Phase::ALL.to_vec(),
         };
-        let binary = std::env::var_os("TOKENMETER_SOAK_BINARY")
-            .filter(|p| !p.is_empty())
-            .map_or_else(
-                || PathBuf::from(env!("CARGO_BIN_EXE_tokenmeter")),
-                PathBuf::from,
-            );
+        let binary = match std::env::var_os("TOKENMETER_SOAK_BINARY").filter(|p| !p.is_empty()) {
+            Some(path) => PathBuf::from(path),
+            None => shipping::binary()?,
+        };
         Ok(Params {
             requests,
             sample_every: requests / 10,

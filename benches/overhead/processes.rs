@@ -37,19 +37,14 @@ impl ProxyProcess {
         self
     }
 
-    /// The `tokenmeter` binary this bench was built with, on embedded defaults: metrics and the
-    /// live view on, no per-request access log (nginx's is off too).
-    /// This build's `tokenmeter`, with `workers` shards (its own default, one per CPU, when
-    /// `None`).
+    /// This source's `tokenmeter` as `cargo build --release` builds it (see `overhead/shipping.rs`), on
+    /// embedded defaults: metrics and the live view on, no per-request access log (nginx's is
+    /// off too); with `workers` shards (its own default, one per CPU, when `None`).
     pub(crate) fn tokenmeter(
         upstream: SocketAddr,
         workers: Option<usize>,
     ) -> Result<ProxyProcess, String> {
-        ProxyProcess::tokenmeter_from(
-            Path::new(env!("CARGO_BIN_EXE_tokenmeter")),
-            upstream,
-            workers,
-        )
+        ProxyProcess::tokenmeter_from(&crate::shipping::binary()?, upstream, workers)
     }
 
     /// Another `tokenmeter` binary (`TOKENMETER_BENCH_CANDIDATE`), run the same way: two builds
