@@ -18,8 +18,10 @@
 //! `TOKENMETER_BENCH_STREAMS=128,512,1024,2048`, `TOKENMETER_BENCH_EVENTS=64` (tokens per stream),
 //! `TOKENMETER_BENCH_INTERVAL_US=20000` (the pace), `TOKENMETER_BENCH_NGINX=PATH` (or `0` to leave
 //! nginx out), `TOKENMETER_BENCH_RELAY=1` (a bare TCP relay process as one more way: the cost of
-//! the hop alone), `TOKENMETER_BENCH_CANDIDATE=PATH` (another tokenmeter binary as one more way,
-//! `candidate`: two builds compared in one run), `TOKENMETER_BENCH_SAMPLES=1000` (one-user requests
+//! the hop alone), `TOKENMETER_BENCH_BINARY=PATH` (the tokenmeter binary to measure; by default
+//! the bench builds it as `cargo build --release` does, into `target/shipping`: `cargo bench`'s
+//! own build of it carries tokio's test-util), `TOKENMETER_BENCH_CANDIDATE=PATH` (another
+//! tokenmeter binary as one more way, `candidate`: two builds compared in one run), `TOKENMETER_BENCH_SAMPLES=1000` (one-user requests
 //! per way), `TOKENMETER_BENCH_PIN=1` (the bench's own threads, load generator and mock, on CPU 0
 //! and the proxies on CPU 1, with `taskset`: what each proxy adds when it does not share a core
 //! with the load; a diagnostic, not the setup), `TOKENMETER_BENCH_ROUNDS=3` (rounds per

@@ -21,7 +21,8 @@
 //! `TOKENMETER_BENCH_QUICK=1` (a smoke run of about a minute: 20,000 streams, 200 and 50
 //! connections), `TOKENMETER_SOAK_REQUESTS=N` (a longer or shorter soak, sampled every N/10),
 //! `TOKENMETER_SOAK_PHASES=soak,bursts,heads,uploads`, `TOKENMETER_SOAK_BINARY=PATH` to measure
-//! another build of the proxy (one with another allocator, say) under the same load.
+//! another build of the proxy (one with another allocator, say) under the same load; by default
+//! it measures this source's binary as `cargo build --release` builds it (`target/shipping`).
 
 // The overhead bench's /proc readers, shared rather than copied (not every one is used here).
 #[allow(dead_code)]
