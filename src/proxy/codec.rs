@@ -546,29 +546,24 @@ impl WriteQueue {
                 IoSlice::new(b"\r\n"),
             ];
             let total = end + data.len() + 2;
-            match socket2::SockRef::from(stream).send_vectored(&slices) {
-                Ok(n) if n == total => {
+            let sent = socket2::SockRef::from(stream).send_vectored(&slices);
+            if let Ok(n) = sent {
+                if n == total {
                     self.lone = None;
                     self.queued -= total;
                     self.written += total as u64;
                     return Poll::Ready(Ok(()));
                 }
-                // Part of it, or nothing: the rest as pieces, written as any others are.
+            }
+            // Part of it, or nothing: the rest as pieces, written as any others are, and closed
+            // to later frames.
+            self.unlone();
+            self.open = None;
+            match sent {
                 Ok(0) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
-                Ok(n) => {
-                    self.unlone();
-                    self.open = None;
-                    self.consume(n);
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.unlone();
-                    self.open = None;
-                    direct = false;
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {
-                    self.unlone();
-                    self.open = None;
-                }
+                Ok(n) => self.consume(n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => direct = false,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Poll::Ready(Err(e)),
             }
         }
@@ -946,7 +941,7 @@ mod tests {
     /// that is partly out: the peer decodes every frame, in order, framed as it should be.
     #[tokio::test]
     async fn a_lone_chunk_written_in_part_keeps_its_framing() {
-        let (client, mut server) = connected().await;
+        let (client, server) = connected().await;
         let mut queue = WriteQueue::default();
         queue.data(Bytes::from_static(b"one"), true);
         assert_eq!(queue.queued_bytes(), b"3\r\none\r\n");
@@ -963,33 +958,43 @@ mod tests {
         assert!(first.is_pending(), "8 MiB fit in a socket nobody reads");
         assert!(queue.written() > 8);
         queue.data(Bytes::from_static(b"two"), true);
+        let mut want = b"3\r\none\r\n800000\r\n".to_vec();
+        want.extend_from_slice(&big);
+        want.extend_from_slice(b"\r\n3\r\ntwo\r\n");
+        let got = write_out_while_read(&mut queue, &client, server, want.len()).await;
+        assert_eq!(queue.written(), want.len() as u64);
+        assert!(got == want, "the bytes arrived changed");
+    }
+
+    /// Writes all `queue` holds while the peer reads `len` bytes; what the peer read.
+    async fn write_out_while_read(
+        queue: &mut WriteQueue,
+        client: &TcpStream,
+        mut server: TcpStream,
+        len: usize,
+    ) -> Vec<u8> {
         let reader = tokio::spawn(async move {
-            let mut got = Vec::new();
-            tokio::io::AsyncReadExt::read_to_end(&mut server, &mut got)
+            let mut got = vec![0; len];
+            tokio::io::AsyncReadExt::read_exact(&mut server, &mut got)
                 .await
                 .unwrap();
             got
         });
         tokio::time::timeout(
             Duration::from_secs(30),
-            std::future::poll_fn(|cx| queue.poll_write(&client, cx)),
+            std::future::poll_fn(|cx| queue.poll_write(client, cx)),
         )
         .await
         .expect("woken when the socket had room")
         .unwrap();
-        drop(client);
-        let mut want = b"3\r\none\r\n800000\r\n".to_vec();
-        want.extend_from_slice(&big);
-        want.extend_from_slice(b"\r\n3\r\ntwo\r\n");
-        assert_eq!(queue.written(), want.len() as u64);
-        assert!(reader.await.unwrap() == want, "the bytes arrived changed");
+        reader.await.unwrap()
     }
 
     /// A socket whose peer stops reading fills: the queue waits (and is woken) for room, and
     /// what reaches the peer once it reads is everything, in order.
     #[tokio::test]
     async fn a_full_socket_is_waited_for_and_loses_nothing() {
-        let (client, mut server) = connected().await;
+        let (client, server) = connected().await;
         let mut queue = WriteQueue::default();
         let mut want = Vec::new();
         // More than loopback's socket buffers hold, in frames of different bytes.
@@ -1002,21 +1007,8 @@ mod tests {
         assert!(first.is_pending(), "32 MiB fit in a socket nobody reads");
         assert!(queue.written() > 0);
         let total = want.len();
-        let reader = tokio::spawn(async move {
-            let mut got = vec![0; total];
-            tokio::io::AsyncReadExt::read_exact(&mut server, &mut got)
-                .await
-                .unwrap();
-            got
-        });
-        tokio::time::timeout(
-            Duration::from_secs(30),
-            std::future::poll_fn(|cx| queue.poll_write(&client, cx)),
-        )
-        .await
-        .expect("woken when the socket had room")
-        .unwrap();
+        let got = write_out_while_read(&mut queue, &client, server, total).await;
         assert_eq!(queue.written(), total as u64);
-        assert!(reader.await.unwrap() == want, "the bytes arrived changed");
+        assert!(got == want, "the bytes arrived changed");
     }
 }
