@@ -139,14 +139,16 @@ fn main() -> ExitCode {
         proxies.push(("nginx", nginx));
     }
     proxies.push(("tokenmeter", &tokenmeter));
+    if let Some(candidate) = &candidate {
+        proxies.push(("candidate", candidate));
+    }
+    // The ways compared at one user, whose order is balanced there: direct and the proxies so far.
+    let compared = 1 + proxies.len();
     if let Some(default_workers) = &default_workers {
         proxies.push((DEFAULT_WORKERS_WAY, default_workers));
     }
     if let Some(relay) = &relay {
         proxies.push(("relay", relay));
-    }
-    if let Some(candidate) = &candidate {
-        proxies.push(("candidate", candidate));
     }
     if params.pin {
         let mut pins = vec![(std::process::id(), "0x1")];
@@ -164,7 +166,7 @@ fn main() -> ExitCode {
         for (name, proxy) in &proxies {
             ways.push(Arc::new(Way::new(name, proxy.listen, Some(proxy.pid()))));
         }
-        run(&params, epoch, &upstream, &ways).await
+        run(&params, epoch, &upstream, &ways, compared).await
     });
     let after_rss: Vec<(&str, Option<u64>)> = proxies
         .iter()
@@ -303,7 +305,13 @@ struct Level {
     others: Option<(u64, u64)>,
 }
 
-async fn run(params: &Params, epoch: Instant, upstream: &Upstream, ways: &[Arc<Way>]) -> Measured {
+async fn run(
+    params: &Params,
+    epoch: Instant,
+    upstream: &Upstream,
+    ways: &[Arc<Way>],
+    compared: usize,
+) -> Measured {
     let ours: Vec<u32> = std::iter::once(std::process::id())
         .chain(ways.iter().filter_map(|w| w.pid))
         .collect();
@@ -315,6 +323,7 @@ async fn run(params: &Params, epoch: Instant, upstream: &Upstream, ways: &[Arc<W
     let before = reading();
     let single = load::single_user(
         ways,
+        compared,
         &params.single,
         params.single_warmup,
         params.single_samples,
@@ -767,7 +776,7 @@ fn print_report(params: &Params, measured: &Measured, context: &Context) {
     println!();
     println!("Run:");
     println!(
-        "- one user: {} warm-up + {} counted requests per way, the ways alternating request by request (order rotated each round); {} tokens {} ms apart per request (TTFT does not depend on the pace: the first token follows the role chunk at once)",
+        "- one user: {} warm-up + {} counted requests per way, the ways alternating request by request: direct first in every round, then nginx and tokenmeter (and the candidate) in every order in turn, so each comes right after direct and right after the other equally often (a request finds in the caches what the one before it left), then the other ways; {} tokens {} ms apart per request (TTFT does not depend on the pace: the first token follows the role chunk at once)",
         params.single_warmup,
         params.single_samples,
         params.single.tokens,
