@@ -142,7 +142,8 @@ fn main() -> ExitCode {
     if let Some(candidate) = &candidate {
         proxies.push(("candidate", candidate));
     }
-    // The ways compared at one user, whose order is balanced there: direct and the proxies so far.
+    // The ways compared at one user (direct and the proxies so far) run there in a phase of their
+    // own, the others after them.
     let compared = 1 + proxies.len();
     if let Some(default_workers) = &default_workers {
         proxies.push((DEFAULT_WORKERS_WAY, default_workers));
@@ -776,7 +777,7 @@ fn print_report(params: &Params, measured: &Measured, context: &Context) {
     println!();
     println!("Run:");
     println!(
-        "- one user: {} warm-up + {} counted requests per way, the ways alternating request by request: direct first in every round, then nginx and tokenmeter (and the candidate) in every order in turn, so each comes right after direct and right after the other equally often (a request finds in the caches what the one before it left), then the other ways; {} tokens {} ms apart per request (TTFT does not depend on the pace: the first token follows the role chunk at once)",
+        "- one user: {} warm-up + {} counted requests per way, the ways alternating request by request: direct first in every round, then nginx and tokenmeter (and the candidate) in every order in turn, so each comes right after direct and right after the other equally often (a request finds in the caches what the one before it left); the per-CPU way (and the relay) in a second phase of their own, after direct, where the per-CPU way cannot warm the caches for tokenmeter (the same binary); {} tokens {} ms apart per request (TTFT does not depend on the pace: the first token follows the role chunk at once)",
         params.single_warmup,
         params.single_samples,
         params.single.tokens,

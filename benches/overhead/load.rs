@@ -207,8 +207,18 @@ pub(crate) struct SingleUser {
     pub(crate) failures: Vec<String>,
 }
 
-/// One user, one stream at a time: `warmup + samples` rounds, each sending one request along
-/// every way in the order [`round_order`] gives.
+/// One user, one stream at a time, in two phases of `warmup + samples` rounds: the compared ways
+/// (`0..compared`: direct, nginx and the tokenmeter builds under comparison), then direct again
+/// with the other ways (the per-CPU way, the relay), whose direct requests are not counted.
+/// Each round sends one request along every way of its phase, in the order [`round_order`]
+/// gives. A request finds in the caches what the request before it left there: after a proxy
+/// that proxy's code and data, after the direct way little but the bench's own, and after
+/// another way of the same binary its own code. So a phase opens every round with direct, and
+/// its proxies follow in every order in turn, each right after direct and right after each of
+/// the others equally often; and the per-CPU way, the same binary as tokenmeter, runs in a phase
+/// of its own, where it cannot warm the caches for tokenmeter's next request. (Until this round
+/// the ways rotated alike in one phase: tokenmeter came right after nginx in three rounds of
+/// four, nginx right after direct in three of four, and the per-CPU way right after tokenmeter.)
 pub(crate) async fn single_user(
     ways: &[Arc<Way>],
     compared: usize,
@@ -218,45 +228,50 @@ pub(crate) async fn single_user(
     epoch: Instant,
 ) -> Vec<SingleUser> {
     let mut out: Vec<SingleUser> = ways.iter().map(|_| SingleUser::default()).collect();
-    for round in 0..warmup + samples {
-        for i in round_order(round, ways.len(), compared) {
-            let result = stream_bounded(&ways[i], workload, epoch, (0, 0)).await;
-            if round < warmup {
-                continue;
-            }
-            let tally = &mut out[i];
-            match result {
-                Ok(seen) => {
-                    let first = seen.event_ns.first().copied().unwrap_or(0);
-                    tally.ttft_ns.push(seen.ttft_ns);
-                    tally
-                        .request_leg_ns
-                        .push(seen.ttft_ns.saturating_sub(first));
-                    tally.first_token_leg_ns.push(first);
-                    tally.event_ns.extend(seen.event_ns);
+    let compared = compared.clamp(1, ways.len());
+    let first: Vec<usize> = (0..compared).collect();
+    let second: Vec<usize> = std::iter::once(0).chain(compared..ways.len()).collect();
+    for (phase, members) in [first, second].iter().enumerate() {
+        if members.len() < 2 && phase > 0 {
+            continue;
+        }
+        for round in 0..warmup + samples {
+            for at in round_order(round, members.len()) {
+                let i = members[at];
+                let result = stream_bounded(&ways[i], workload, epoch, (0, 0)).await;
+                if round < warmup || (phase > 0 && i == 0) {
+                    continue;
                 }
-                Err(e) => tally.failures.push(e),
+                let tally = &mut out[i];
+                match result {
+                    Ok(seen) => {
+                        let first = seen.event_ns.first().copied().unwrap_or(0);
+                        tally.ttft_ns.push(seen.ttft_ns);
+                        tally
+                            .request_leg_ns
+                            .push(seen.ttft_ns.saturating_sub(first));
+                        tally.first_token_leg_ns.push(first);
+                        tally.event_ns.extend(seen.event_ns);
+                    }
+                    Err(e) => tally.failures.push(e),
+                }
             }
         }
     }
     out
 }
 
-/// The order of the ways in one round of the one-user level. A request finds in the caches what
-/// the request before it left there: after a proxy it finds that proxy's code and data, after
-/// the direct way little but the bench's own. So the first way (direct) opens every round, the
-/// compared proxies (ways `1..compared`: nginx and the tokenmeter builds under comparison) follow
-/// it in every order in turn, so that over any `(compared - 1)!` rounds each of them comes right
-/// after direct and right after each of the others equally often, and the other ways come last,
-/// rotating. (Rotating all the ways alike, as this did until this round, put tokenmeter after
-/// nginx in three rounds of four and nginx after direct in three of four.)
-pub(crate) fn round_order(round: usize, ways: usize, compared: usize) -> Vec<usize> {
-    let compared = compared.clamp(1, ways);
+/// The order of one round's `ways` requests: the first (direct) opens it, and the others follow
+/// in the round's permutation of them, the permutations taken in turn (lexicographic order, by
+/// the round's index in the factorial number system). Over any `(ways - 1)!` rounds each of them
+/// comes right after the first and right after each of the others equally often.
+pub(crate) fn round_order(round: usize, ways: usize) -> Vec<usize> {
     let mut order = Vec::with_capacity(ways);
+    if ways == 0 {
+        return order;
+    }
     order.push(0);
-    // The round's permutation of the compared proxies, by its index in the factorial number
-    // system (lexicographic order).
-    let mut pool: Vec<usize> = (1..compared).collect();
+    let mut pool: Vec<usize> = (1..ways).collect();
     let count: usize = (1..=pool.len()).product();
     let mut index = round % count;
     for left in (0..pool.len()).rev() {
@@ -264,8 +279,6 @@ pub(crate) fn round_order(round: usize, ways: usize, compared: usize) -> Vec<usi
         order.push(pool.remove(index / block));
         index %= block;
     }
-    let others = ways - compared;
-    order.extend((0..others).map(|j| compared + (round + j) % others));
     order
 }
 
