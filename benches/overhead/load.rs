@@ -229,9 +229,9 @@ pub(crate) async fn single_user(
 ) -> Vec<SingleUser> {
     let mut out: Vec<SingleUser> = ways.iter().map(|_| SingleUser::default()).collect();
     let compared = compared.clamp(1, ways.len());
-    let first: Vec<usize> = (0..compared).collect();
-    let second: Vec<usize> = std::iter::once(0).chain(compared..ways.len()).collect();
-    for (phase, members) in [first, second].iter().enumerate() {
+    let compared_phase: Vec<usize> = (0..compared).collect();
+    let others_phase: Vec<usize> = std::iter::once(0).chain(compared..ways.len()).collect();
+    for (phase, members) in [compared_phase, others_phase].iter().enumerate() {
         if members.len() < 2 && phase > 0 {
             continue;
         }
