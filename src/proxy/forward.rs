@@ -225,16 +225,21 @@ impl Forwarder {
         request: Request<UpstreamBody>,
         upload: &Upload,
     ) -> Result<(Response<()>, Framing), Failure> {
+        // The connection's own timer: no timer is made and dropped for each exchange.
+        let mut timer = std::mem::take(&mut checkout.conn.head_timer);
         let sent = checkout.conn.exchange(request);
         let deadline = async {
             upload.complete().await;
-            tokio::time::sleep(self.response_head_timeout).await;
+            let until = tokio::time::Instant::now() + self.response_head_timeout;
+            std::future::poll_fn(|cx| timer.poll_until(until, cx)).await;
         };
-        tokio::select! {
+        let result = tokio::select! {
             biased;
             sent = sent => sent.map_err(Failure::Upstream),
             () = deadline => Err(Failure::TimedOut),
-        }
+        };
+        checkout.conn.head_timer = timer;
+        result
     }
 
     fn upstream_request(

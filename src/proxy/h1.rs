@@ -46,6 +46,7 @@ use tokio::time::Instant;
 
 use super::client_body::{ClientBody, Handback, Streamed};
 use super::codec::{put_field, Decoder, WriteQueue};
+use super::lazy_timer::LazyTimer;
 use super::upstream::TransferCodings;
 use super::BoxError;
 use crate::measure::Written;
@@ -88,6 +89,7 @@ pub(crate) async fn serve<S, B>(
         eof: false,
         handback: None,
         max_head: limits.max_head_bytes,
+        timer: LazyTimer::default(),
     };
     let mut closing = *shutdown.borrow();
     loop {
@@ -294,6 +296,8 @@ struct Client {
     /// Where a streamed request body gives the read side back when it has ended.
     handback: Option<Arc<Handback>>,
     max_head: usize,
+    /// The idle and request-head deadlines' timer, for the connection's life.
+    timer: LazyTimer,
 }
 
 impl Client {
@@ -363,7 +367,10 @@ impl Client {
                 return Ok(None);
             }
             let was_empty = self.read.is_empty();
-            let sleep = tokio::time::sleep_until(deadline);
+            // Out of `self` while the socket is read; every way out of the wait but the ones
+            // that end the connection puts it back.
+            let mut timer = std::mem::take(&mut self.timer);
+            let until = deadline;
             tokio::select! {
                 biased;
                 filled = poll_fn(|cx| self.poll_fill(cx, self.max_head)) => match filled {
@@ -376,13 +383,14 @@ impl Client {
                     Err(_) if self.read.len() >= self.max_head => return Err(Refusal::TooLarge),
                     Err(_) => return Ok(None),
                 },
-                () = sleep => return Ok(None),
+                () = poll_fn(|cx| timer.poll_until(until, cx)) => return Ok(None),
                 changed = shutdown.changed(), if !*closing => {
                     if changed.is_err() || *shutdown.borrow() {
                         *closing = true;
                     }
                 }
             }
+            self.timer = timer;
         }
     }
 
@@ -1392,6 +1400,7 @@ mod tests {
             eof: false,
             handback: None,
             max_head: 8 << 10,
+            timer: LazyTimer::default(),
         };
         peer.write_all(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\nhi")
             .await

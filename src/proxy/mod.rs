@@ -17,6 +17,7 @@ pub(crate) mod error;
 pub(crate) mod forward;
 pub(crate) mod generation;
 pub(crate) mod h1;
+pub(crate) mod lazy_timer;
 pub(crate) mod listener;
 pub(crate) mod request_body;
 pub(crate) mod server;

@@ -42,6 +42,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::codec::{put_field, Decoder, Malformed, WriteQueue};
+use super::lazy_timer::LazyTimer;
 use super::request_body::UpstreamBody;
 use super::shard;
 
@@ -170,6 +171,9 @@ pub(crate) struct Conn {
     received: u64,
     /// It may carry another request once the current exchange ends.
     reusable: bool,
+    /// The response-head deadline's timer, for the connection's life: taken out for each
+    /// exchange by the forwarder, which puts it back.
+    pub(crate) head_timer: LazyTimer,
 }
 
 impl Conn {
@@ -180,6 +184,7 @@ impl Conn {
             read_size: READ_BUFFER_MIN,
             received: 0,
             reusable: true,
+            head_timer: LazyTimer::default(),
         }
     }
 
