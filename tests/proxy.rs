@@ -434,6 +434,40 @@ async fn a_silent_upstream_is_a_504() {
         .expect("the upstream request was dropped");
 }
 
+/// A reused upstream connection keeps its response-head timer from one exchange to the next
+/// (armed at the first's deadline, moved on only when it fires): the second exchange still gets
+/// its own full deadline, not what was left of the first's.
+#[tokio::test]
+async fn a_reused_connection_s_next_request_gets_its_own_response_head_deadline() {
+    let answered = std::sync::atomic::AtomicBool::new(false);
+    let mut upstream = upstream(move |_| {
+        if answered.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            Script::silent()
+        } else {
+            Script::json(200, "{}")
+        }
+    })
+    .await;
+    let proxy = proxy(upstream.addr, |c| {
+        c.timeouts.response_head = Duration::from_millis(600)
+    })
+    .await;
+    let first = send(&proxy.url(CHAT), "POST", &chat_request("m"), &[], false).await;
+    assert_eq!(first.status, 200);
+    // Most of the first exchange's deadline passes before the second starts: a timer that
+    // fired at the first's deadline would end the second after about 200 ms.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let second = send(&proxy.url(CHAT), "POST", &chat_request("m"), &[], false).await;
+    assert_eq!(second.status, 504);
+    let records = proxy.records(2).await;
+    assert_eq!(records[1]["upstream_conn"], "reused", "{}", records[1]);
+    assert_eq!(records[1]["status"], 504);
+    assert!(ms(&records[1], "e2e_ms") >= 600.0, "{}", records[1]);
+    tokio::time::timeout(Duration::from_secs(5), upstream.disconnects.recv())
+        .await
+        .expect("the upstream request was dropped");
+}
+
 /// The request body streams through unchanged, however large, and its `model` is read even
 /// when it comes after a long prompt.
 #[tokio::test]
