@@ -60,15 +60,21 @@ mod tests {
         timer.poll_until(deadline, &mut Context::from_waker(Waker::noop()))
     }
 
+    /// Runs the paused clock to a millisecond before `deadline` (the wait still on), then to it
+    /// (the wait over).
+    async fn ends_exactly_at(timer: &mut LazyTimer, deadline: Instant) {
+        tokio::time::advance(deadline - Instant::now() - Duration::from_millis(1)).await;
+        assert!(poll(timer, deadline).is_pending());
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(poll(timer, deadline).is_ready());
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_wait_ends_at_its_deadline_and_not_before() {
         let mut timer = LazyTimer::default();
         let deadline = Instant::now() + Duration::from_secs(10);
         assert!(poll(&mut timer, deadline).is_pending());
-        tokio::time::advance(Duration::from_millis(9_999)).await;
-        assert!(poll(&mut timer, deadline).is_pending());
-        tokio::time::advance(Duration::from_millis(1)).await;
-        assert!(poll(&mut timer, deadline).is_ready());
+        ends_exactly_at(&mut timer, deadline).await;
     }
 
     #[tokio::test(start_paused = true)]
@@ -85,10 +91,7 @@ mod tests {
         tokio::time::advance(Duration::from_secs(6)).await;
         assert!(poll(&mut timer, second).is_pending());
         assert_eq!(timer.armed(), Some(second));
-        tokio::time::advance(Duration::from_millis(3_999)).await;
-        assert!(poll(&mut timer, second).is_pending());
-        tokio::time::advance(Duration::from_millis(1)).await;
-        assert!(poll(&mut timer, second).is_ready());
+        ends_exactly_at(&mut timer, second).await;
     }
 
     #[tokio::test(start_paused = true)]
