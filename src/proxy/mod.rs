@@ -5,6 +5,8 @@
 //! request through: a [`Recorder`](crate::measure::Recorder) started,
 //! the [`request_body`] read in passing for `model`, the request sent by [`forward`], the
 //! response handed back timed (the [`upstream`] client is the proxy's own); each [`shard`] is a thread that serves the clients it accepted.
+//! A connection's waits (for a client's next request, for an upstream's response head) run on
+//! one [`lazy_timer`] for the connection's life.
 //! [`admin`] serves what was published; [`generation`] is the configuration in force and its
 //! reload; [`error`] is the one place errors become HTTP.
 
