@@ -544,7 +544,7 @@ impl fmt::Display for ConfigError {
 impl std::error::Error for ConfigError {}
 
 impl Config {
-    /// Reads and checks a configuration file, within the limits of [`read_file`].
+    /// Reads and checks a configuration file, within the limits of `read_file`.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let origin = path.display().to_string();
         let text = read_file(path).map_err(|e| ConfigError {

@@ -117,7 +117,7 @@ impl std::fmt::Display for Problem {
 pub struct Loaded {
     pub sources: Vec<Source>,
     pub requests: Vec<Request>,
-    /// The first malformed lines, at most [`KEPT_PROBLEMS`].
+    /// The first malformed lines, at most `KEPT_PROBLEMS`.
     pub problems: Vec<Problem>,
     pub malformed: usize,
 }
