@@ -683,6 +683,11 @@ enum Out {
     Close,
 }
 
+/// The most [`encode_head`] writes besides the fields, the reason phrase and the transfer
+/// codings: `HTTP/1.1 200 ` and CRLF (15), a `date` field (37), the longest framing field
+/// (`content-length` with 20 digits, 38), `connection: keep-alive` (24) and the blank line (2).
+const ADDED_FIELDS: usize = 15 + 37 + 38 + 24 + 2;
+
 /// The response head, with the fields the framing and the connection need.
 ///
 /// `codings`: transfer codings the body's bytes are in besides chunked (see
@@ -697,12 +702,21 @@ fn encode_head(
     asked_keep_alive: bool,
     codings: Option<&TransferCodings>,
 ) -> Bytes {
+    // Room for all of it at once: the status line, the fields, and what is added below (a
+    // date, the framing, `connection`). Sized for the fields alone, a chunked answer with a date
+    // outgrew it and was reallocated and copied on its way to the client's first byte.
+    let reason = status.canonical_reason().unwrap_or("");
+    let codings_len = codings.map_or(0, |TransferCodings(c)| c.len() + 2);
     let mut out = Vec::with_capacity(
-        64 + headers
-            .iter()
-            .map(|(n, v)| n.as_str().len() + v.len() + 4)
-            .sum::<usize>(),
+        ADDED_FIELDS
+            + reason.len()
+            + codings_len
+            + headers
+                .iter()
+                .map(|(n, v)| n.as_str().len() + v.len() + 4)
+                .sum::<usize>(),
     );
+    let room = out.capacity();
     out.extend_from_slice(if version == Version::HTTP_10 {
         b"HTTP/1.0 "
     } else {
@@ -710,7 +724,7 @@ fn encode_head(
     });
     out.extend_from_slice(status.as_str().as_bytes());
     out.push(b' ');
-    out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
+    out.extend_from_slice(reason.as_bytes());
     out.extend_from_slice(b"\r\n");
     for (name, value) in headers {
         if name == header::TRANSFER_ENCODING || name == header::CONNECTION {
@@ -748,6 +762,11 @@ fn encode_head(
         out.extend_from_slice(b"connection: keep-alive\r\n");
     }
     out.extend_from_slice(b"\r\n");
+    debug_assert!(
+        out.len() <= room,
+        "the head outgrew its buffer: {} > {room}",
+        out.len()
+    );
     Bytes::from(out)
 }
 
