@@ -18,6 +18,19 @@ event finds the caches holding the other streams' state, not its own, as in the 
 concurrent levels (where CPU per frame is compared), and events that arrive together are
 served from one `epoll_wait`.
 
+A request's count includes work off its TTFT's path (reading its events after they are written,
+finishing its record). The legs count only what lies on it: each proxy runs once more, its
+profile cut at every call that reads or writes a socket, and a leg is the stretch from a read to
+the write it leads to (the system calls themselves not counted):
+
+  request leg      the client's request read -> the request written upstream
+  first-token leg  the upstream's head and first token read -> written to the client
+
+each the median over the requests after the first five (under valgrind's slowness the
+upstream's events sometimes arrive in one read, and that leg then carries the whole response).
+A leg is told by the head parser it runs: tokenmeter's `h1::parse_head` and
+`upstream::parse_head`, nginx's `ngx_http_parse_request_line` and `ngx_http_parse_status_line`.
+
 The cache lines fetched are what a request pays when the machine has evicted the proxy's code
 and data between two of them (one user, where the other processes run in between): at one
 user, TTFT follows them more than it follows the instruction count.
@@ -36,6 +49,7 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -208,6 +222,59 @@ def measure(proxy, command, signo, listen, load, work, name):
     return totals(out)
 
 
+# Where a profile is cut for the legs: before every call that reads or writes a socket (the
+# libc entry points both proxies use; a pattern that matches nothing costs nothing).
+CUTS = ["recv*", "__libc_recv*", "send", "__libc_send", "sendmsg", "__libc_sendmsg", "writev", "__writev"]
+# What tells each proxy's legs apart: the head parser each runs.
+LEG_MARKS = {
+    "tokenmeter": {"request": "tokenmeter::proxy::h1::parse_head",
+                   "first token": "tokenmeter::proxy::upstream::parse_head"},
+    "nginx": {"request": "ngx_http_parse_request_line", "first token": "ngx_http_parse_status_line"},
+}
+LEG_REQUESTS, LEG_SKIPPED = 30, 5
+
+
+def legs(proxy, command, signo, listen, work):
+    """The instructions and cache lines of each TTFT leg, the median over the requests (see the top)."""
+    out = work / f"{proxy}-legs" / "cut.out"
+    out.parent.mkdir()
+    cuts = [f"--dump-before={name}" for name in CUTS]
+    valgrind = ["valgrind", "--tool=callgrind", *CACHE, "--compress-strings=no",
+                f"--callgrind-out-file={out}", *cuts]
+    with open(work / f"{proxy}.log", "a") as log:
+        process = subprocess.Popen(valgrind + command, stdout=log, stderr=log)
+        try:
+            wait_for(listen, process, proxy)
+            send(listen, LEG_REQUESTS, 4)
+        finally:
+            process.send_signal(signo)
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+    parts = []
+    for path in out.parent.glob("cut.out.*"):
+        text = path.read_text(errors="replace")
+        part = int(re.search(r"^part: (\d+)", text, re.M).group(1))
+        cut = re.search(r"^desc: Trigger: (.*)$", text, re.M).group(1)
+        names = set(re.findall(r"^fn=(?:\(\d+\) )?(.*)$", text, re.M))
+        parts.append((part, cut, names, totals(path)))
+    parts.sort(key=lambda p: p[0])
+    # A leg runs from a read to a write: a part cut at a write whose part before was cut at a read
+    # (a parser also runs, finding nothing, when a socket wakes its task before the read).
+    spans = [(names, c) for (_, before, _, _), (_, cut, names, c) in zip(parts, parts[1:])
+             if "recv" in before and ("send" in cut or "writev" in cut)]
+    found = {}
+    for leg, mark in LEG_MARKS[proxy].items():
+        counts = [c for names, c in spans if mark in names][LEG_SKIPPED:]
+        if len(counts) < LEG_REQUESTS - LEG_SKIPPED - 2:
+            sys.exit(f"footprint: {proxy}: found the {leg} leg {len(counts)} times in {out.parent}")
+        keys = set().union(*counts)
+        found[leg] = {k: statistics.median(c.get(k, 0) for c in counts) for k in keys}
+    return found
+
+
 def ensure(tool, package):
     if shutil.which(tool) or Path("/usr/sbin", tool).exists():
         return
@@ -264,11 +331,15 @@ def main():
             # of `tokens` tokens, is the one the two runs differ in.
             load = lambda port, tokens=tokens: (concurrent(port, STREAMS, 4), concurrent(port, STREAMS, tokens))
             runs[("streams", tokens)] = measure(proxy, command, signo, listen, load, work, f"streams-{tokens}")
+        listen = free_port()
+        command, signo = way(listen)
+        print(f"footprint: {proxy}, the legs of {LEG_REQUESTS} requests", file=sys.stderr)
+        runs["legs"] = legs(proxy, command, signo, listen, work)
         keys = runs[(10, 4)]
         per_request = {k: (runs[(110, 4)][k] - runs[(10, 4)][k]) / 100 for k in keys}
         per_event = {k: (runs[(110, 36)][k] - runs[(110, 4)][k]) / (110 * 32) for k in keys}
         at_scale = {k: (runs[("streams", 36)][k] - runs[("streams", 4)][k]) / (STREAMS * 32) for k in keys}
-        results[proxy] = (per_request, per_event, at_scale)
+        results[proxy] = (per_request, per_event, at_scale, runs["legs"]["request"], runs["legs"]["first token"])
 
     rows = [
         ("instructions", lambda c: c["Ir"]),
@@ -284,6 +355,14 @@ def main():
             n, t = value(results["nginx"][index]), value(results["tokenmeter"][index])
             ratio = f"{t / n:.2f}" if n >= 1 else "n/a"
             print(f"| {per} | {name} | {n:,.0f} | {t:,.0f} | {ratio} |")
+    print("\n## The legs of TTFT at one user (each from its socket read to its socket write)\n")
+    print("| leg | figure | nginx | tokenmeter | tokenmeter / nginx |")
+    print("|---|---|---|---|---|")
+    for index, leg in ((3, "request: client -> upstream"), (4, "first token: upstream -> client")):
+        for name, value in rows[:3]:
+            n, t = value(results["nginx"][index]), value(results["tokenmeter"][index])
+            ratio = f"{t / n:.2f}" if n >= 1 else "n/a"
+            print(f"| {leg} | {name} | {n:,.0f} | {t:,.0f} | {ratio} |")
     print(f"\n(user space only; a request's figures include its 4 events; files in {work})")
 
 
