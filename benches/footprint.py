@@ -26,8 +26,9 @@ the write it leads to (the system calls themselves not counted):
   request leg      the client's request read -> the request written upstream
   first-token leg  the upstream's head and first token read -> written to the client
 
-each the median over the requests after the first five (under valgrind's slowness the
-upstream's events sometimes arrive in one read, and that leg then carries the whole response).
+each the median over the requests after the first five, the mock's events after the first two
+20 ms apart (at 1 ms, under valgrind's slowness, they sometimes arrived in one read, and that
+leg then carried the whole response).
 A leg is told by the head parser it runs: tokenmeter's `h1::parse_head` and
 `upstream::parse_head`, nginx's `ngx_http_parse_request_line` and `ngx_http_parse_status_line`.
 
@@ -137,9 +138,9 @@ def request(tokens, pace_ms):
     )
 
 
-def send(port, count, tokens):
+def send(port, count, tokens, pace_ms=1):
     """`count` requests, one at a time on one connection, 5 ms apart."""
-    request_bytes = request(tokens, 1)
+    request_bytes = request(tokens, pace_ms)
     with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
         for _ in range(count):
             s.sendall(request_bytes)
@@ -231,7 +232,9 @@ LEG_MARKS = {
                    "first token": "tokenmeter::proxy::upstream::parse_head"},
     "nginx": {"request": "ngx_http_parse_request_line", "first token": "ngx_http_parse_status_line"},
 }
-LEG_REQUESTS, LEG_SKIPPED = 30, 5
+# The events after the first come this far apart, so that the first token's read holds only the
+# head and the first events, however slowly the proxy runs under valgrind.
+LEG_REQUESTS, LEG_SKIPPED, LEG_PACE_MS = 30, 5, 20
 
 
 def legs(proxy, command, signo, listen, work):
@@ -245,7 +248,7 @@ def legs(proxy, command, signo, listen, work):
         process = subprocess.Popen(valgrind + command, stdout=log, stderr=log)
         try:
             wait_for(listen, process, proxy)
-            send(listen, LEG_REQUESTS, 4)
+            send(listen, LEG_REQUESTS, 4, LEG_PACE_MS)
         finally:
             process.send_signal(signo)
             try:
