@@ -205,9 +205,9 @@ def totals(path):
     return dict(zip(events, summary))
 
 
-def measure(proxy, command, signo, listen, load, work, name):
-    out = work / f"{proxy}-{name}.out"
-    valgrind = ["valgrind", "--tool=callgrind", *CACHE, f"--callgrind-out-file={out}"]
+def under_callgrind(proxy, command, signo, listen, load, work, options):
+    """Runs a proxy under callgrind with `options` while `load` sends to it, then stops it."""
+    valgrind = ["valgrind", "--tool=callgrind", *CACHE, *options]
     with open(work / f"{proxy}.log", "a") as log:
         process = subprocess.Popen(valgrind + command, stdout=log, stderr=log)
         try:
@@ -220,6 +220,11 @@ def measure(proxy, command, signo, listen, load, work, name):
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+def measure(proxy, command, signo, listen, load, work, name):
+    out = work / f"{proxy}-{name}.out"
+    under_callgrind(proxy, command, signo, listen, load, work, [f"--callgrind-out-file={out}"])
     return totals(out)
 
 
@@ -241,21 +246,10 @@ def legs(proxy, command, signo, listen, work):
     """The instructions and cache lines of each TTFT leg, the median over the requests (see the top)."""
     out = work / f"{proxy}-legs" / "cut.out"
     out.parent.mkdir()
-    cuts = [f"--dump-before={name}" for name in CUTS]
-    valgrind = ["valgrind", "--tool=callgrind", *CACHE, "--compress-strings=no",
-                f"--callgrind-out-file={out}", *cuts]
-    with open(work / f"{proxy}.log", "a") as log:
-        process = subprocess.Popen(valgrind + command, stdout=log, stderr=log)
-        try:
-            wait_for(listen, process, proxy)
-            send(listen, LEG_REQUESTS, 4, LEG_PACE_MS)
-        finally:
-            process.send_signal(signo)
-            try:
-                process.wait(60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+    options = ["--compress-strings=no", f"--callgrind-out-file={out}"]
+    options += [f"--dump-before={name}" for name in CUTS]
+    load = lambda port: send(port, LEG_REQUESTS, 4, LEG_PACE_MS)
+    under_callgrind(proxy, command, signo, listen, load, work, options)
     parts = []
     for path in out.parent.glob("cut.out.*"):
         text = path.read_text(errors="replace")
