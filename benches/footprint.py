@@ -139,7 +139,7 @@ def request(tokens, pace_ms):
 
 
 def send(port, count, tokens, pace_ms=1):
-    """`count` requests, one at a time on one connection, 5 ms apart."""
+    """`count` requests, one at a time on one connection, 5 ms apart, their events `pace_ms` apart."""
     request_bytes = request(tokens, pace_ms)
     with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
         for _ in range(count):
@@ -344,22 +344,21 @@ def main():
         ("data-cache lines fetched (L1 read + write misses)", lambda c: c["D1mr"] + c["D1mw"]),
         ("lines fetched from memory (L2 misses)", lambda c: c["ILmr"] + c["DLmr"] + c["DLmw"]),
     ]
-    print("\n## Footprint against nginx (`python3 benches/footprint.py`, callgrind)\n")
-    print("| per | figure | nginx | tokenmeter | tokenmeter / nginx |")
-    print("|---|---|---|---|---|")
-    for index, per in ((0, "request (4 tokens)"), (1, "event"), (2, f"event, {STREAMS} streams")):
-        for name, value in rows:
-            n, t = value(results["nginx"][index]), value(results["tokenmeter"][index])
-            ratio = f"{t / n:.2f}" if n >= 1 else "n/a"
-            print(f"| {per} | {name} | {n:,.0f} | {t:,.0f} | {ratio} |")
-    print("\n## The legs of TTFT at one user (each from its socket read to its socket write)\n")
-    print("| leg | figure | nginx | tokenmeter | tokenmeter / nginx |")
-    print("|---|---|---|---|---|")
-    for index, leg in ((3, "request: client -> upstream"), (4, "first token: upstream -> client")):
-        for name, value in rows[:3]:
-            n, t = value(results["nginx"][index]), value(results["tokenmeter"][index])
-            ratio = f"{t / n:.2f}" if n >= 1 else "n/a"
-            print(f"| {leg} | {name} | {n:,.0f} | {t:,.0f} | {ratio} |")
+    def table(title, first, sections, figures):
+        print(f"\n## {title}\n")
+        print(f"| {first} | figure | nginx | tokenmeter | tokenmeter / nginx |")
+        print("|---|---|---|---|---|")
+        for index, label in sections:
+            for name, value in figures:
+                n, t = value(results["nginx"][index]), value(results["tokenmeter"][index])
+                ratio = f"{t / n:.2f}" if n >= 1 else "n/a"
+                print(f"| {label} | {name} | {n:,.0f} | {t:,.0f} | {ratio} |")
+
+    table("Footprint against nginx (`python3 benches/footprint.py`, callgrind)", "per",
+          ((0, "request (4 tokens)"), (1, "event"), (2, f"event, {STREAMS} streams")), rows)
+    # The legs leave out the L2 row: a leg's part of a run fetches next to nothing from memory.
+    table("The legs of TTFT at one user (each from its socket read to its socket write)", "leg",
+          ((3, "request: client -> upstream"), (4, "first token: upstream -> client")), rows[:3])
     print(f"\n(user space only; a request's figures include its 4 events; files in {work})")
 
 

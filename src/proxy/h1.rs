@@ -370,6 +370,7 @@ impl Client {
             // Out of `self` while the socket is read; every way out of the wait but the ones
             // that end the connection puts it back.
             let mut timer = std::mem::take(&mut self.timer);
+            // A copy: the read's arm moves `deadline` on while the timer's wait holds this.
             let until = deadline;
             tokio::select! {
                 biased;
