@@ -16,7 +16,12 @@ pub(crate) struct ModelCell {
 impl ModelCell {
     /// Records the model (`None`: the body named none); only the first call counts.
     pub(crate) fn decide(&self, model: Option<&str>) {
-        if self.value.set(model.map(Into::into)).is_ok() {
+        self.decide_shared(model.map(Into::into));
+    }
+
+    /// [`decide`](Self::decide), with the name already shared.
+    pub(crate) fn decide_shared(&self, model: Option<Arc<str>>) {
+        if self.value.set(model).is_ok() {
             self.decided.notify_waiters();
         }
     }

@@ -7,11 +7,14 @@
 //! and never buffers the body: only the model name itself is copied, and only up to
 //! [`MAX_MODEL_LEN`] bytes. Clients put `model` anywhere (the Python SDK writes it after
 //! megabytes of `messages`), so strings are skipped by jumping from quote to quote with
-//! `memchr`, and nested values eight bytes at a time, never byte by byte. The scanner is not a
+//! `memchr`, and nested values eight bytes at a time, never byte by byte; the model's own string
+//! is taken the same way, from its opening quote to the next quote or escape. The scanner is not a
 //! validator: it follows the top-level object member by member, skips nested values by matching
 //! brackets and quotes only, and leaves judging the body to the server.
 
-use memchr::memchr_iter;
+use std::sync::Arc;
+
+use memchr::{memchr2, memchr_iter};
 
 /// The longest model name the scanner takes, in bytes after unescaping. A longer one is no name
 /// anyone wants as a metric label, and the bound keeps the scanner's memory fixed.
@@ -26,8 +29,8 @@ pub enum Scan {
     /// Nothing is decided yet: show it more of the body.
     Pending,
     /// The string value of the top-level `model` key (possibly empty; a label layer that wants
-    /// something else should map it).
-    Found(String),
+    /// something else should map it), shared: the request's labels and record keep it as it is.
+    Found(Arc<str>),
     /// The body has no usable top-level `model`, or the scanner cannot tell: not an object, a
     /// non-string or too long or undecodable value, the byte limit, or the end of the body.
     GaveUp,
@@ -221,6 +224,34 @@ impl ModelScanner {
                     rest = after;
                     self.state = self.nested(depth, found)?;
                 }
+                State::Capture(Escape::None) => {
+                    let end = memchr2(b'"', b'\\', rest);
+                    let plain = &rest[..end.unwrap_or(rest.len())];
+                    // JSON forbids raw control characters in strings.
+                    if plain.iter().any(|&b| b < 0x20) {
+                        return Err(Scan::GaveUp);
+                    }
+                    let Some(at) = end else {
+                        return self.keep(plain);
+                    };
+                    if rest[at] == b'\\' {
+                        self.keep(plain)?;
+                        rest = &rest[at + 1..];
+                        self.state = State::Capture(Escape::Backslash);
+                        continue;
+                    }
+                    // The whole name in this frame, as it usually is: taken at once, not copied
+                    // byte by byte into the buffer first.
+                    if self.value.is_empty() {
+                        if plain.len() > MAX_MODEL_LEN {
+                            return Err(Scan::GaveUp);
+                        }
+                        return Err(std::str::from_utf8(plain)
+                            .map_or(Scan::GaveUp, |name| Scan::Found(name.into())));
+                    }
+                    self.keep(plain)?;
+                    return Err(self.take_name());
+                }
                 _ => {
                     rest = tail;
                     self.step(byte)?;
@@ -228,6 +259,14 @@ impl ModelScanner {
             }
         }
         Ok(())
+    }
+
+    /// The name copied so far, complete.
+    fn take_name(&mut self) -> Scan {
+        match std::str::from_utf8(&self.value) {
+            Ok(name) => Scan::Found(name.into()),
+            Err(_) => Scan::GaveUp,
+        }
     }
 
     /// Moves through the states that take one byte at a time: the top-level punctuation, keys
@@ -308,19 +347,11 @@ impl ModelScanner {
         Ok(())
     }
 
-    /// Copies one byte of the model's string, decoding escapes.
+    /// Decodes one byte of an escape in the model's string.
     fn capture(&mut self, escape: Escape, byte: u8) -> Result<Escape, Scan> {
         match escape {
-            Escape::None => match byte {
-                b'"' => match String::from_utf8(std::mem::take(&mut self.value)) {
-                    Ok(name) => Err(Scan::Found(name)),
-                    Err(_) => Err(Scan::GaveUp),
-                },
-                b'\\' => Ok(Escape::Backslash),
-                // JSON forbids raw control characters in strings.
-                0x00..=0x1F => Err(Scan::GaveUp),
-                _ => self.keep(&[byte]).map(|()| Escape::None),
-            },
+            // `run` takes the plain text between escapes itself, up to the closing quote.
+            Escape::None => Err(Scan::GaveUp),
             Escape::Backslash => {
                 let plain = match byte {
                     b'"' | b'\\' | b'/' => byte,
@@ -494,7 +525,7 @@ mod tests {
     const NO_LIMIT: usize = usize::MAX;
 
     fn found(name: &str) -> Scan {
-        Scan::Found(name.to_string())
+        Scan::Found(name.into())
     }
 
     /// Feeds the frames in order, then ends the body.

@@ -292,7 +292,7 @@ impl Body for RequestBody {
         match scan {
             None | Some(Scan::Pending) => {}
             Some(Scan::Found(model)) => {
-                this.slot.decide(Some(model.as_str()));
+                this.slot.decide_shared(Some(model));
                 *this.scanner = None;
             }
             Some(Scan::GaveUp) => {
