@@ -61,7 +61,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ["--cache-sim=yes", "--I1=32768,8,64", "--D1=32768,8,64", "--LL=1048576,16,64"]
 BODY = (
-    b'{"model":"bench","messages":[{"role":"user","content":"Tell me a story."}],'
+    b'{"model":"meta-llama/Llama-3.1-8B-Instruct","messages":[{"role":"user","content":"Tell me a story."}],'
     b'"stream":true,"stream_options":{"include_usage":true},"max_tokens":%d,"pace_ms":%d}'
 )
 # The concurrent measurement: streams open at once, and the pace of each one's events.
