@@ -60,7 +60,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::{timeout, Instant};
 
 /// The request every stream sends, as an OpenAI client asking for usage would.
-const REQUEST_BODY: &[u8] = br#"{"model":"bench","messages":[{"role":"user","content":"Tell me a story."}],"stream":true,"stream_options":{"include_usage":true},"max_tokens":4}"#;
+const REQUEST_BODY: &[u8] = br#"{"model":"meta-llama/Llama-3.1-8B-Instruct","messages":[{"role":"user","content":"Tell me a story."}],"stream":true,"stream_options":{"include_usage":true},"max_tokens":4}"#;
 
 /// The upstream's answer, chunk by chunk: what vLLM sends for four tokens.
 const CHUNKS: [&[u8]; 8] = [
