@@ -36,6 +36,11 @@ pub enum Scan {
     GaveUp,
 }
 
+/// The answer for a complete model name: found if it is UTF-8.
+fn found_name(bytes: &[u8]) -> Scan {
+    std::str::from_utf8(bytes).map_or(Scan::GaveUp, |name| Scan::Found(name.into()))
+}
+
 /// Finds the top-level `model` of a JSON request body shown to it one frame at a time.
 ///
 /// What it accepts, beyond the plain case:
@@ -243,14 +248,14 @@ impl ModelScanner {
                     // The whole name in this frame, as it usually is: taken at once, not copied
                     // byte by byte into the buffer first.
                     if self.value.is_empty() {
-                        if plain.len() > MAX_MODEL_LEN {
-                            return Err(Scan::GaveUp);
-                        }
-                        return Err(std::str::from_utf8(plain)
-                            .map_or(Scan::GaveUp, |name| Scan::Found(name.into())));
+                        return Err(if plain.len() > MAX_MODEL_LEN {
+                            Scan::GaveUp
+                        } else {
+                            found_name(plain)
+                        });
                     }
                     self.keep(plain)?;
-                    return Err(self.take_name());
+                    return Err(found_name(&self.value));
                 }
                 _ => {
                     rest = tail;
@@ -259,14 +264,6 @@ impl ModelScanner {
             }
         }
         Ok(())
-    }
-
-    /// The name copied so far, complete.
-    fn take_name(&mut self) -> Scan {
-        match std::str::from_utf8(&self.value) {
-            Ok(name) => Scan::Found(name.into()),
-            Err(_) => Scan::GaveUp,
-        }
     }
 
     /// Moves through the states that take one byte at a time: the top-level punctuation, keys
