@@ -727,6 +727,8 @@ fn encode_head(
     out.push(b' ');
     out.extend_from_slice(reason.as_bytes());
     out.extend_from_slice(b"\r\n");
+    // Whether the answer has a date, seen on the way: a lookup would hash the name again.
+    let mut dated = false;
     for (name, value) in headers {
         if name == header::TRANSFER_ENCODING || name == header::CONNECTION {
             continue;
@@ -734,9 +736,10 @@ fn encode_head(
         if name == header::CONTENT_LENGTH && framing == Out::Chunked {
             continue;
         }
+        dated |= name == header::DATE;
         put_field(&mut out, name, value);
     }
-    if !headers.contains_key(header::DATE) {
+    if !dated {
         out.extend_from_slice(b"date: ");
         date::write(&mut out);
         out.extend_from_slice(b"\r\n");
@@ -978,6 +981,40 @@ mod tests {
     use super::*;
 
     const DEADLINE: Duration = Duration::from_secs(10);
+
+    /// The upstream's `date` goes through as it was; an answer without one gets one, once.
+    #[test]
+    fn a_head_has_one_date_the_upstreams_if_it_sent_one() {
+        let text = |headers: &HeaderMap| {
+            let head = encode_head(
+                Version::HTTP_11,
+                StatusCode::OK,
+                headers,
+                Out::Chunked,
+                true,
+                false,
+                None,
+            );
+            String::from_utf8(head.to_vec()).unwrap()
+        };
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        let added = text(&headers);
+        assert_eq!(added.matches("date: ").count(), 1, "{added}");
+        headers.insert(
+            header::DATE,
+            HeaderValue::from_static("Tue, 24 Nov 2026 10:00:00 GMT"),
+        );
+        let kept = text(&headers);
+        assert_eq!(kept.matches("date: ").count(), 1, "{kept}");
+        assert!(
+            kept.contains("date: Tue, 24 Nov 2026 10:00:00 GMT\r\n"),
+            "{kept}"
+        );
+    }
 
     /// A response body of given frames (an `Err` breaks it), of unknown length.
     struct Frames(VecDeque<Result<Frame<Bytes>, io::Error>>);

@@ -123,39 +123,29 @@ pub(crate) enum Framing {
 pub(crate) struct TransferCodings(pub(crate) HeaderValue);
 
 impl TransferCodings {
-    /// The codings of a response's `Transfer-Encoding` fields but a last `chunked`, if any.
-    fn of(headers: &HeaderMap) -> Option<TransferCodings> {
+    /// The codings of a response's `Transfer-Encoding` fields (their values, in order) but a
+    /// last `chunked`, if any.
+    fn of<'a>(fields: impl Iterator<Item = &'a [u8]> + Clone) -> Option<TransferCodings> {
         // Nearly every response says nothing or just `chunked`: no list to build.
-        let fields = headers.get_all(header::TRANSFER_ENCODING);
-        let mut first_two = fields.iter();
+        let mut first_two = fields.clone();
         match (first_two.next(), first_two.next()) {
             (None, _) => return None,
-            (Some(only), None)
-                if only
-                    .as_bytes()
-                    .trim_ascii()
-                    .eq_ignore_ascii_case(b"chunked") =>
-            {
+            (Some(only), None) if only.trim_ascii().eq_ignore_ascii_case(b"chunked") => {
                 return None
             }
             _ => {}
         }
-        let mut codings: Vec<&str> = fields
-            .iter()
-            .flat_map(|v| v.to_str().unwrap_or("").split(','))
-            .map(str::trim)
-            .filter(|c| !c.is_empty())
-            .collect();
+        let mut codings: Vec<&[u8]> = fields.flat_map(tokens).collect();
         if codings
             .last()
-            .is_some_and(|c| c.eq_ignore_ascii_case("chunked"))
+            .is_some_and(|c| c.eq_ignore_ascii_case(b"chunked"))
         {
             codings.pop();
         }
         if codings.is_empty() {
             return None;
         }
-        HeaderValue::from_str(&codings.join(", "))
+        HeaderValue::from_bytes(&codings.join(&b", "[..]))
             .ok()
             .map(TransferCodings)
     }
@@ -446,54 +436,81 @@ fn parse_head(
         } else {
             Version::HTTP_11
         };
+        // One pass over the fields: the hop-by-hop ones (RFC 9110 §7.6.1) are read here for the
+        // framing and the connection and never enter the map, so nothing is looked up, hashed
+        // or removed again on the way to the client's first byte.
         let mut headers = HeaderMap::with_capacity(parsed.headers.len());
+        let mut hops = Hops::default();
+        let mut length = false;
         for field in parsed.headers.iter() {
-            let name = HeaderName::from_bytes(field.name.as_bytes())
+            let name = field.name.as_bytes();
+            if hops.read(name, field.value) {
+                continue;
+            }
+            length |= name.eq_ignore_ascii_case(b"content-length");
+            let name = HeaderName::from_bytes(name)
                 .map_err(|_| UpstreamError::Invalid("a header name"))?;
             let value = HeaderValue::from_bytes(field.value)
                 .map_err(|_| UpstreamError::Invalid("a header value"))?;
             headers.append(name, value);
         }
-        buf.advance(len);
-        let framing = framing(status, is_head, &headers)?;
-        let close = has_token(&headers, header::CONNECTION, "close");
+        let framing = framing(status, is_head, hops.transfer, &headers)?;
+        if length && hops.transfer.is_some() {
+            // The transfer coding wins (RFC 9112 §6.3), or the client would stop reading at
+            // the wrong length.
+            headers.remove(header::CONTENT_LENGTH);
+        }
+        if hops.names_fields {
+            // Fields the upstream named as its connection's own go too.
+            let connection = parsed
+                .headers
+                .iter()
+                .filter(|f| Hop::of(f.name.as_bytes()) == Some(Hop::Connection));
+            for name in connection.flat_map(|f| tokens(f.value)) {
+                if let Ok(name) = HeaderName::from_bytes(name) {
+                    headers.remove(name);
+                }
+            }
+        }
         let keep_alive = if version == Version::HTTP_10 {
-            has_token(&headers, header::CONNECTION, "keep-alive") && !close
+            hops.keep_alive && !hops.close
         } else {
-            !close
+            !hops.close
         };
         let mut response = Response::new(());
         *response.status_mut() = status;
         *response.version_mut() = version;
-        if framing != Framing::Empty {
-            if let Some(codings) = TransferCodings::of(&headers) {
+        if framing != Framing::Empty && hops.codings_besides_chunked() {
+            let transfer = parsed
+                .headers
+                .iter()
+                .filter(|f| Hop::of(f.name.as_bytes()) == Some(Hop::TransferEncoding));
+            if let Some(codings) = TransferCodings::of(transfer.map(|f| f.value)) {
                 response.extensions_mut().insert(codings);
             }
         }
         *response.headers_mut() = headers;
+        buf.advance(len);
         return Ok(Some((response, framing, keep_alive)));
     }
 }
 
-/// How the body of a response is delimited (RFC 9112 §6.3).
+/// How the body of a response is delimited (RFC 9112 §6.3); `transfer`: its last
+/// `Transfer-Encoding` field.
 fn framing(
     status: StatusCode,
     is_head: bool,
+    transfer: Option<&[u8]>,
     headers: &HeaderMap,
 ) -> Result<Framing, UpstreamError> {
     if is_head || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
         return Ok(Framing::Empty);
     }
-    if let Some(last) = headers
-        .get_all(header::TRANSFER_ENCODING)
-        .iter()
-        .next_back()
-    {
-        let last = last.to_str().unwrap_or("");
+    if let Some(last) = transfer {
         let chunked = last
-            .rsplit(',')
+            .rsplit(|&b| b == b',')
             .next()
-            .is_some_and(|c| c.trim().eq_ignore_ascii_case("chunked"));
+            .is_some_and(|c| c.trim_ascii().eq_ignore_ascii_case(b"chunked"));
         return Ok(if chunked {
             Framing::Chunked
         } else {
@@ -520,14 +537,91 @@ fn framing(
     })
 }
 
-/// Whether a comma-separated header names `token` (case-insensitive).
-fn has_token(headers: &HeaderMap, name: HeaderName, token: &str) -> bool {
-    headers.get_all(name).iter().any(|v| {
-        v.to_str()
-            .unwrap_or("")
-            .split(',')
-            .any(|t| t.trim().eq_ignore_ascii_case(token))
-    })
+/// The fields that belong to one connection and are not forwarded (RFC 9110 §7.6.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hop {
+    Connection,
+    TransferEncoding,
+    /// `Keep-Alive`, `Proxy-Connection`, `TE`, `Upgrade`: read by no one here.
+    Other,
+}
+
+impl Hop {
+    fn of(name: &[u8]) -> Option<Hop> {
+        // By length first: most names are none of these, and most lengths match none.
+        let is = |hop: &[u8]| name.eq_ignore_ascii_case(hop);
+        match name.len() {
+            2 if is(b"te") => Some(Hop::Other),
+            7 if is(b"upgrade") => Some(Hop::Other),
+            10 if is(b"connection") => Some(Hop::Connection),
+            10 if is(b"keep-alive") => Some(Hop::Other),
+            16 if is(b"proxy-connection") => Some(Hop::Other),
+            17 if is(b"transfer-encoding") => Some(Hop::TransferEncoding),
+            _ => None,
+        }
+    }
+}
+
+/// What a response head's hop-by-hop fields say.
+#[derive(Default)]
+struct Hops<'a> {
+    /// The last `Transfer-Encoding` field.
+    transfer: Option<&'a [u8]>,
+    /// How many there were (up to 2).
+    transfers: u8,
+    /// `Connection: close`.
+    close: bool,
+    /// `Connection: keep-alive` (what an HTTP/1.0 server says to keep it open).
+    keep_alive: bool,
+    /// `Connection` names other fields, which go too.
+    names_fields: bool,
+}
+
+impl<'a> Hops<'a> {
+    /// Reads a field if it is hop-by-hop (and says so), else leaves it to the caller.
+    fn read(&mut self, name: &[u8], value: &'a [u8]) -> bool {
+        match Hop::of(name) {
+            None => return false,
+            Some(Hop::TransferEncoding) => {
+                self.transfer = Some(value);
+                self.transfers = self.transfers.saturating_add(1).min(2);
+            }
+            Some(Hop::Connection) => {
+                for token in tokens(value) {
+                    if token.eq_ignore_ascii_case(b"close") {
+                        self.close = true;
+                    } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                        self.keep_alive = true;
+                    } else {
+                        self.names_fields = true;
+                    }
+                }
+            }
+            Some(Hop::Other) => {}
+        }
+        true
+    }
+}
+
+impl Hops<'_> {
+    /// Whether `Transfer-Encoding` says more than a lone `chunked` (see [`TransferCodings`]).
+    fn codings_besides_chunked(&self) -> bool {
+        match self.transfer {
+            None => false,
+            Some(only) if self.transfers == 1 => {
+                !only.trim_ascii().eq_ignore_ascii_case(b"chunked")
+            }
+            Some(_) => true,
+        }
+    }
+}
+
+/// The tokens of a comma-separated field value, trimmed, empty ones left out.
+fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+    value
+        .split(|&b| b == b',')
+        .map(<[u8]>::trim_ascii)
+        .filter(|t| !t.is_empty())
 }
 
 /// A connection taken from the pool (or just made) for one request.
@@ -1155,14 +1249,98 @@ mod tests {
         );
     }
 
+    /// Parses one response head (to a GET).
+    fn head(text: &str) -> (Response<()>, Framing, bool) {
+        let mut buf = BytesMut::from(text.as_bytes());
+        let parsed = parse_head(&mut buf, false).unwrap().expect("a whole head");
+        assert!(buf.is_empty(), "the head was consumed: {buf:?}");
+        parsed
+    }
+
+    fn names(response: &Response<()>) -> Vec<&str> {
+        let mut names: Vec<_> = response.headers().keys().map(|k| k.as_str()).collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn a_response_heads_hop_by_hop_fields_are_read_and_left_behind() {
+        let (response, framing, keep_alive) = head(
+            "HTTP/1.1 200 OK\r\nConnection: keep-alive, X-Hop\r\nKeep-Alive: timeout=5\r\n\
+             x-hop: 1\r\nTE: trailers\r\nTransfer-Encoding: chunked\r\nupgrade: h2c\r\n\
+             proxy-connection: keep-alive\r\ncontent-type: text/event-stream\r\n\
+             x-request-id: abc\r\nx-hop-not: 2\r\n\r\n",
+        );
+        assert_eq!(
+            names(&response),
+            ["content-type", "x-hop-not", "x-request-id"]
+        );
+        assert_eq!(framing, Framing::Chunked);
+        assert!(keep_alive);
+        assert!(response.extensions().get::<TransferCodings>().is_none());
+    }
+
+    /// A response with both framings used to reach the client with the Content-Length, which
+    /// cut its body short.
+    #[test]
+    fn transfer_encoding_wins_over_content_length() {
+        for text in [
+            "HTTP/1.1 200 OK\r\ncontent-length: 10\r\ntransfer-encoding: chunked\r\n\r\n",
+            "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\nContent-Length: 10\r\n\r\n",
+        ] {
+            let (response, framing, _) = head(text);
+            assert!(response.headers().is_empty(), "{text}: {response:?}");
+            assert_eq!(framing, Framing::Chunked, "{text}");
+        }
+        let (response, framing, _) = head("HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n");
+        assert_eq!(response.headers()["content-length"], "10");
+        assert_eq!(framing, Framing::Length(10));
+        // Not chunked last: the body runs to the close.
+        let (_, framing, _) = head("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked, gzip\r\n\r\n");
+        assert_eq!(framing, Framing::Close);
+    }
+
+    #[test]
+    fn the_connection_field_says_whether_it_stays_open() {
+        let keeps = |text: &str| head(text).2;
+        assert!(keeps("HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"));
+        assert!(!keeps(
+            "HTTP/1.1 200 OK\r\nconnection: Close\r\ncontent-length: 0\r\n\r\n"
+        ));
+        assert!(!keeps(
+            "HTTP/1.1 200 OK\r\nconnection: x-a, close\r\ncontent-length: 0\r\n\r\n"
+        ));
+        // HTTP/1.0 closes unless it says keep-alive.
+        assert!(!keeps("HTTP/1.0 200 OK\r\ncontent-length: 0\r\n\r\n"));
+        assert!(keeps(
+            "HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ncontent-length: 0\r\n\r\n"
+        ));
+        assert!(!keeps(
+            "HTTP/1.0 200 OK\r\nconnection: keep-alive\r\nconnection: close\r\ncontent-length: 0\r\n\r\n"
+        ));
+    }
+
+    #[test]
+    fn transfer_codings_besides_chunked_are_kept_from_the_head() {
+        let codings = |text: &str| {
+            head(text)
+                .0
+                .extensions()
+                .get::<TransferCodings>()
+                .map(|TransferCodings(v)| v.clone())
+        };
+        let two =
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\ntransfer-encoding: chunked\r\n\r\n";
+        assert_eq!(codings(two).unwrap(), "gzip");
+        let one = "HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n";
+        assert_eq!(codings(one).unwrap(), "gzip");
+        assert!(codings("HTTP/1.1 200 OK\r\ntransfer-encoding:  Chunked \r\n\r\n").is_none());
+    }
+
     #[test]
     fn transfer_codings_besides_a_last_chunked_are_kept() {
         let codings = |fields: &[&'static str]| {
-            let mut headers = HeaderMap::new();
-            for f in fields {
-                headers.append(header::TRANSFER_ENCODING, HeaderValue::from_static(f));
-            }
-            TransferCodings::of(&headers).map(|TransferCodings(v)| v)
+            TransferCodings::of(fields.iter().map(|f| f.as_bytes())).map(|TransferCodings(v)| v)
         };
         assert_eq!(codings(&["gzip, chunked"]).unwrap(), "gzip");
         assert_eq!(codings(&["gzip", "Chunked"]).unwrap(), "gzip");
