@@ -61,7 +61,9 @@ enum State {
 #[derive(Debug)]
 pub(crate) struct Decoder {
     state: State,
-    trailers: Option<HeaderMap>,
+    // Boxed: trailers are rare, and a decoder is in every request head, request body and
+    // upstream body, each moved on the way to the first token (inline, 96 of its 120 bytes).
+    trailers: Option<Box<HeaderMap>>,
     trailer_bytes: usize,
 }
 
@@ -135,7 +137,7 @@ impl Decoder {
         }
         self.advance(buf)?;
         match self.state {
-            State::Done => Ok(self.trailers.take().map(Frame::trailers)),
+            State::Done => Ok(self.trailers.take().map(|t| Frame::trailers(*t))),
             State::Length(_) | State::Close | State::Data(_) if buf.is_empty() => Ok(None),
             State::Length(left) => {
                 let (data, rest) = take_up_to(buf, left);
@@ -219,7 +221,7 @@ impl Decoder {
                     }
                     if let Some((name, value)) = trailer(line) {
                         self.trailers
-                            .get_or_insert_with(HeaderMap::new)
+                            .get_or_insert_with(Box::default)
                             .append(name, value);
                     }
                     buf.advance(end + 1);
