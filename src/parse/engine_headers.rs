@@ -33,6 +33,7 @@ where
     let mut report = EngineReport::default();
     // `x-compute-time` only stands in for `x-total-time` when that is missing.
     let mut compute_time = None;
+    let mut found = false;
     for (name, value) in headers {
         let name = name.as_ref();
         // Every header of interest starts with `x-`: most headers are rejected on two bytes.
@@ -57,10 +58,13 @@ where
         };
         if let Some(d) = number(value.as_ref(), 1_000) {
             *slot = Some(d);
+            found = true;
         }
     }
     report.total = report.total.or(compute_time);
-    if !report.is_empty() {
+    // Told as it was read: comparing the report with an empty one was a dozen cache lines of
+    // code on the way to every response's first byte.
+    if found || compute_time.is_some() {
         report.source = Some(Engine::Tgi);
     }
     report
