@@ -17,6 +17,7 @@ use tokio::sync::watch;
 use super::client_body::ClientBody;
 use super::connection;
 use super::generation::{Generation, Generations};
+use super::h1;
 use super::listener::{self, Health};
 use crate::publish::live::{self, RouteView};
 
@@ -41,10 +42,10 @@ pub(crate) async fn serve(
     let (_never, shutdown) = watch::channel(false);
     let make = move |_conn| {
         let (generations, health) = (generations.clone(), health.clone());
-        service_fn(move |req| {
+        h1::Hyper(service_fn(move |req| {
             let response = respond(&req, &generations.current(), &health);
             async move { Ok::<_, Infallible>(response) }
-        })
+        }))
     };
     let _ = listener::serve_listener(
         listener,

@@ -339,9 +339,13 @@ pub(crate) async fn serve<S, B, F>(
     mut shutdown: watch::Receiver<bool>,
 ) where
     F: FnOnce(Arc<ConnState>) -> S,
-    S: hyper::service::Service<Request<ClientBody>, Response = Response<B>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S: hyper::service::Service<Request<ClientBody>, Response = Response<B>>
+        + h1::Service<Body = B>
+        + Send
+        + 'static,
+    <S as hyper::service::Service<Request<ClientBody>>>::Future: Send + 'static,
+    <S as hyper::service::Service<Request<ClientBody>>>::Error:
+        Into<Box<dyn std::error::Error + Send + Sync>>,
     B: Body<Data = Bytes> + Written + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
@@ -557,7 +561,7 @@ mod tests {
                 super::super::service::ProxyBody::own(http_body_util::Full::new(Bytes::new()));
             Ok::<_, std::convert::Infallible>(Response::new(body))
         });
-        let task = serve(server, limits, move |_| service, shutdown);
+        let task = serve(server, limits, move |_| h1::Hyper(service), shutdown);
         let size = std::mem::size_of_val(&task);
         assert!(size < 2048, "a connection's task takes {size} bytes");
     }

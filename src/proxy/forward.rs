@@ -19,14 +19,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Request, Response, Uri, Version};
+use http::{Response, Uri, Version};
 use http_body_util::Either;
 use prometheus::IntCounter;
 use tokio::time::Instant;
 
 use super::error::Error;
-use super::request_body::{RequestBody, Retained, Upload, UpstreamBody};
-use super::upstream::{Checkout, ConnectError, Framing, Pool, PooledBody, Unsent, UpstreamError};
+use super::request_body::{RequestBody, Retained, Upload};
+use super::upstream::{
+    Checkout, ConnectError, Framing, Outgoing, Pool, PooledBody, Unsent, UpstreamError,
+};
 use crate::config::{Limits, Timeouts, Upstream};
 
 /// Retries by why they were needed, resolved once.
@@ -96,23 +98,30 @@ impl Forwarder {
     /// sent.
     pub(crate) async fn send(
         &self,
-        parts: http::request::Parts,
+        mut parts: Box<http::request::Parts>,
         mut body: Box<RequestBody>,
         upload: &Upload,
         trip: &mut Trip,
     ) -> Result<Response<PooledBody>, Error> {
-        let mut checkout = self
-            .pool
-            .checkout()
-            .await
-            .map_err(|e| self.unreachable(e))?;
+        // A new connection's wait on the heap, and only when it happens: inline, the connecting
+        // made every request's future larger, copied to the heap on every request.
+        let mut checkout = match self.pool.reuse() {
+            Some(checkout) => checkout,
+            None => Box::pin(self.pool.connect())
+                .await
+                .map_err(|e| self.unreachable(e))?,
+        };
         // Only a reused connection can fail in the way a retry mends; keep what it needs.
         let retained = checkout.reused.then(|| {
             let retained = Retained::new(self.retry_body_bytes, self.retained_total.clone());
             body.retain(retained.clone());
             retained
         });
-        let request = self.upstream_request(parts, Either::Left(body));
+        self.upstream_request(&mut parts);
+        let request = Outgoing {
+            parts,
+            body: Either::Left(body),
+        };
         let received_before = checkout.conn.received();
         trip.reused = checkout.reused;
         trip.connect = checkout.connect;
@@ -140,11 +149,14 @@ impl Forwarder {
                     _ if !checkout.reused || !nothing_received => None,
                     (Some(body), _) => {
                         self.retries.not_sent.inc();
-                        Some(Request::from_parts(*parts, *body))
+                        Some(Outgoing { parts, body: *body })
                     }
                     (None, Some(retained)) => retained.replay().map(|body| {
                         self.retries.closed.inc();
-                        Request::from_parts(*parts, Either::Right(body))
+                        Outgoing {
+                            parts,
+                            body: Either::Right(body),
+                        }
                     }),
                     _ => None,
                 };
@@ -164,7 +176,7 @@ impl Forwarder {
     /// The one retry: the request again, on a new connection.
     async fn send_again(
         &self,
-        again: Request<UpstreamBody>,
+        again: Outgoing,
         upload: &Upload,
         trip: &mut Trip,
     ) -> Result<Response<PooledBody>, Error> {
@@ -222,7 +234,7 @@ impl Forwarder {
     async fn await_head(
         &self,
         checkout: &mut Checkout,
-        request: Request<UpstreamBody>,
+        request: Outgoing,
         upload: &Upload,
     ) -> Result<(Response<()>, Framing), Failure> {
         // The connection's own timer: no timer is made and dropped for each exchange.
@@ -242,11 +254,8 @@ impl Forwarder {
         result
     }
 
-    fn upstream_request(
-        &self,
-        mut parts: http::request::Parts,
-        body: UpstreamBody,
-    ) -> Request<UpstreamBody> {
+    /// Makes a client's request head one for the upstream, in place.
+    fn upstream_request(&self, parts: &mut http::request::Parts) {
         // An h2 client names the host in :authority, which has no header of its own; keep it
         // as Host so the upstream sees the name the client used.
         if !parts.headers.contains_key(header::HOST) {
@@ -270,7 +279,6 @@ impl Forwarder {
         // The upstream speaks HTTP/1.1 whatever the client spoke.
         parts.version = Version::HTTP_11;
         strip_hop_by_hop(&mut parts.headers);
-        Request::from_parts(parts, body)
     }
 }
 

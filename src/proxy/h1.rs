@@ -67,20 +67,63 @@ pub(crate) struct Limits {
     pub(crate) max_head_bytes: usize,
 }
 
+/// What this server calls for each request: the request's head comes boxed as it was parsed,
+/// and a service that keeps it in that box moves a pointer from here to the upstream. Made
+/// into a `Request` before the call, the head (224 bytes) was copied at each step: nine times
+/// between the parse and the service, then again into a box of the service's own.
+pub(crate) trait Service {
+    type Body: Body<Data = Bytes> + Written;
+    type Error: Into<BoxError>;
+    type Future: Future<Output = Result<Response<Self::Body>, Self::Error>> + Send + 'static;
+
+    fn call(&self, parts: Box<http::request::Parts>, body: ClientBody) -> Self::Future;
+}
+
+/// A hyper service, called by this server with the request made whole again (the admin port's
+/// and the tests'); it stays one for HTTP/2.
+#[derive(Clone)]
+pub(crate) struct Hyper<S>(pub(crate) S);
+
+impl<S, B> Service for Hyper<S>
+where
+    S: hyper::service::Service<Request<ClientBody>, Response = Response<B>>,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    B: Body<Data = Bytes> + Written,
+{
+    type Body = B;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn call(&self, parts: Box<http::request::Parts>, body: ClientBody) -> S::Future {
+        self.0.call(Request::from_parts(*parts, body))
+    }
+}
+
+impl<S: hyper::service::Service<Request<ClientBody>>> hyper::service::Service<Request<ClientBody>>
+    for Hyper<S>
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn call(&self, request: Request<ClientBody>) -> S::Future {
+        self.0.call(request)
+    }
+}
+
 /// Serves HTTP/1.1 on `stream` (whose first bytes, already read, are `prefix`) until the client
 /// closes, an idle or head timeout, an error, or `shutdown` (the request in progress finishes
 /// first, with `connection: close`).
-pub(crate) async fn serve<S, B>(
+pub(crate) async fn serve<S>(
     stream: TcpStream,
     prefix: &[u8],
     limits: Limits,
     service: S,
     shutdown: &mut watch::Receiver<bool>,
 ) where
-    S: hyper::service::Service<Request<ClientBody>, Response = Response<B>>,
-    S::Error: Into<BoxError>,
-    B: Body<Data = Bytes> + Written,
-    B::Error: Into<BoxError>,
+    S: Service,
+    <S::Body as Body>::Error: Into<BoxError>,
 {
     let mut client = Client {
         stream: Arc::new(stream),
@@ -102,11 +145,11 @@ pub(crate) async fn serve<S, B>(
             }
         };
         let exchange = head.exchange;
-        let request = client.request(head);
+        let (parts, body) = client.request(head);
         // On the heap, for this request only: the response body and its recorder are the bulk
         // of a connection's state, and a task is as large as its largest state for its whole
         // life (an idle keep-alive connection held 8 KiB for a response it was not sending).
-        let call = service.call(request);
+        let call = service.call(parts, body);
         let keep = match Box::pin(client.answer(call, &exchange, shutdown)).await {
             Answer::Close => false,
             Answer::Sent { keep } => keep,
@@ -270,7 +313,8 @@ struct Exchange {
 
 /// A parsed request head and how its body is framed.
 struct Head {
-    request: Request<()>,
+    /// Boxed where it is parsed, for its way to the upstream (see [`Service`]).
+    parts: Box<http::request::Parts>,
     body: Decoder,
     expect_continue: bool,
     exchange: Exchange,
@@ -397,9 +441,9 @@ impl Client {
 
     /// The request for the service: its body is what came with the head when all of it did,
     /// otherwise read from the socket as the upstream takes it.
-    fn request(&mut self, head: Head) -> Request<ClientBody> {
+    fn request(&mut self, head: Head) -> (Box<http::request::Parts>, ClientBody) {
         let Head {
-            request,
+            parts,
             mut body,
             expect_continue,
             ..
@@ -431,7 +475,7 @@ impl Client {
                 ClientBody::streamed(body)
             }
         };
-        request.map(|()| body)
+        (parts, body)
     }
 
     /// Takes the read side back from a request body that has ended.
@@ -885,10 +929,6 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, Refusal> {
         headers.append(name, value);
     }
     let expect_continue = expect_continue && version == Version::HTTP_11;
-    let mut request = Request::new(());
-    *request.method_mut() = method;
-    *request.uri_mut() = uri;
-    *request.version_mut() = version;
     let mut keep_alive = if version == Version::HTTP_10 {
         keep_alive_asked
     } else {
@@ -925,10 +965,15 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, Refusal> {
     } else {
         Decoder::length(length.unwrap_or(0))
     };
-    *request.headers_mut() = headers;
-    let head_method = request.method() == Method::HEAD;
+    let head_method = method == Method::HEAD;
+    // `Parts` can only be had from a `Request`; an empty one is made in its box and filled.
+    let mut parts = Box::new(Request::new(()).into_parts().0);
+    parts.method = method;
+    parts.uri = uri;
+    parts.version = version;
+    parts.headers = headers;
     Ok(Some(Head {
-        request,
+        parts,
         body,
         expect_continue,
         exchange: Exchange {
@@ -1063,7 +1108,7 @@ mod tests {
                     Ok::<_, Infallible>(answer(parts, body.unwrap_or_default()))
                 }
             });
-            serve(stream, b"", limits, service, &mut shutdown).await;
+            serve(stream, b"", limits, Hyper(service), &mut shutdown).await;
         });
         (client, server)
     }
@@ -1406,7 +1451,7 @@ mod tests {
         });
         let server = tokio::spawn(async move {
             let (_keep, mut shutdown) = watch::channel(false);
-            serve(stream, b"", limits(), service, &mut shutdown).await;
+            serve(stream, b"", limits(), Hyper(service), &mut shutdown).await;
         });
         client
             .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
@@ -1468,9 +1513,9 @@ mod tests {
             .await
             .unwrap()
             .unwrap();
-        let request = client.request(head);
+        let (_, body) = client.request(head);
         assert_eq!(client.read.capacity(), 0);
-        let body = request.into_body().collect().await.unwrap().to_bytes();
+        let body = body.collect().await.unwrap().to_bytes();
         assert_eq!(&body[..], b"hi");
     }
 }

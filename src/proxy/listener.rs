@@ -137,10 +137,13 @@ where
     S: hyper::service::Service<
             http::Request<super::client_body::ClientBody>,
             Response = http::Response<B>,
-        > + Send
+        > + super::h1::Service<Body = B>
+        + Send
         + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    <S as hyper::service::Service<http::Request<super::client_body::ClientBody>>>::Future:
+        Send + 'static,
+    <S as hyper::service::Service<http::Request<super::client_body::ClientBody>>>::Error:
+        Into<Box<dyn std::error::Error + Send + Sync>>,
     B: http_body::Body<Data = bytes::Bytes> + crate::measure::Written + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
@@ -302,11 +305,11 @@ mod tests {
         };
         let make = move |_conn| {
             served.fetch_add(1, Ordering::Relaxed);
-            hyper::service::service_fn(|_request| async {
+            super::super::h1::Hyper(hyper::service::service_fn(|_request| async {
                 Ok::<_, Infallible>(http::Response::new(Full::new(bytes::Bytes::from_static(
                     b"ok",
                 ))))
-            })
+            }))
         };
         tokio::spawn(serve_listener(
             listener, cap, spill_at, limits, make, shutdown,

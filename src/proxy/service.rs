@@ -104,18 +104,18 @@ impl Proxy {
 
 /// A request the proxy will not forward as it is: `CONNECT` (it does not tunnel), and an
 /// HTTP/1.1 request without exactly one valid `Host` (RFC 9112 §3.2).
-fn refusal(request: &Request<ClientBody>) -> Option<Error> {
-    if request.method() == Method::CONNECT {
+fn refusal(request: &http::request::Parts) -> Option<Error> {
+    if request.method == Method::CONNECT {
         return Some(Error::MethodNotAllowed {
-            method: request.method().clone(),
+            method: request.method.clone(),
         });
     }
-    let mut hosts = request.headers().get_all(header::HOST).iter();
+    let mut hosts = request.headers.get_all(header::HOST).iter();
     match (hosts.next(), hosts.next()) {
         (Some(_), Some(_)) => Some(Error::BadRequest {
             message: "more than one Host header (RFC 9112 §3.2)",
         }),
-        (None, _) if request.version() == Version::HTTP_11 => Some(Error::BadRequest {
+        (None, _) if request.version == Version::HTTP_11 => Some(Error::BadRequest {
             message: "an HTTP/1.1 request needs a Host header (RFC 9112 §3.2)",
         }),
         (Some(host), None)
@@ -146,28 +146,40 @@ impl hyper::service::Service<Request<ClientBody>> for Proxy {
     type Future = ProxyFuture;
 
     fn call(&self, request: Request<ClientBody>) -> Self::Future {
-        self.answer(request)
+        let (parts, body) = request.into_parts();
+        // Boxed once, here: every step on the way upstream moves a pointer to it.
+        self.answer(Box::new(parts), body)
+    }
+}
+
+/// The proxy's own HTTP/1.1 server hands it the head boxed as it was parsed.
+impl super::h1::Service for Proxy {
+    type Body = ProxyBody;
+    type Error = Infallible;
+    type Future = ProxyFuture;
+
+    fn call(&self, parts: Box<http::request::Parts>, body: ClientBody) -> ProxyFuture {
+        self.answer(parts, body)
     }
 }
 
 impl Proxy {
-    fn answer(&self, request: Request<ClientBody>) -> ProxyFuture {
+    fn answer(&self, parts: Box<http::request::Parts>, body: ClientBody) -> ProxyFuture {
         // The request keeps this configuration to its end, whatever a reload does meanwhile.
         let generation = self.generations.current();
         let mut recorder = Recorder::start(
             generation.meter.clone(),
-            request.method(),
-            request.uri(),
-            request.headers(),
+            &parts.method,
+            &parts.uri,
+            &parts.headers,
         );
-        if let Some(error) = refusal(&request) {
+        if let Some(error) = refusal(&parts) {
             tracing::debug!(error = %error, "refusing a request");
             recorder.finish(error.end(), Instant::now());
             return Box::pin(std::future::ready(Ok(error
                 .to_response()
                 .map(ProxyBody::own))));
         }
-        let (parts, body) = request.into_parts();
         let model = recorder.model_slot();
         let upload = Arc::new(Upload::default());
         let body = Box::new(RequestBody::new(

@@ -35,7 +35,7 @@ use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Method, Request, Response, StatusCode, Version};
+use http::{Method, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
@@ -96,6 +96,15 @@ impl std::error::Error for UpstreamError {
             UpstreamError::Closed | UpstreamError::Invalid(_) => None,
         }
     }
+}
+
+/// A request on its way upstream: its head, boxed once where the proxy took it apart, so that
+/// each step on the way to the upstream moves a pointer (the head is 224 bytes, and every async
+/// step that held it inline kept a copy of its own in its future, copied again at each step,
+/// before the request was written), and its body.
+pub(crate) struct Outgoing {
+    pub(crate) parts: Box<http::request::Parts>,
+    pub(crate) body: UpstreamBody,
 }
 
 /// A failed exchange: why, the request's head (as it was sent, for sending it again without
@@ -226,9 +235,9 @@ impl Conn {
     /// handed back, for sending elsewhere.
     pub(crate) async fn exchange(
         &mut self,
-        request: Request<UpstreamBody>,
+        request: Outgoing,
     ) -> Result<(Response<()>, Framing), Unsent> {
-        let (parts, mut body) = request.into_parts();
+        let Outgoing { parts, mut body } = request;
         let is_head = parts.method == Method::HEAD;
         let mut sending = Sending::new(&parts, &body);
         let result = std::future::poll_fn(|cx| {
@@ -269,7 +278,7 @@ impl Conn {
                 self.reusable = false;
                 Err(Unsent {
                     error,
-                    parts: Box::new(parts),
+                    parts,
                     body: (sending.written() == 0).then(|| Box::new(body)),
                 })
             }
@@ -626,7 +635,9 @@ fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
 
 /// A connection taken from the pool (or just made) for one request.
 pub(crate) struct Checkout {
-    pub(crate) conn: Conn,
+    /// Boxed for its life, made once per connection: it goes from the pool to the request, to
+    /// its response body and back, a pointer each time.
+    pub(crate) conn: Box<Conn>,
     /// It carried a request before.
     pub(crate) reused: bool,
     /// How long connecting took, for a new connection.
@@ -634,7 +645,7 @@ pub(crate) struct Checkout {
 }
 
 struct Idle {
-    conn: Conn,
+    conn: Box<Conn>,
     since: Instant,
 }
 
@@ -691,27 +702,35 @@ impl Pool {
         &self.idle[shard::current() % self.idle.len()]
     }
 
-    /// The most recently used idle connection that is still open, else a new one.
+    /// The most recently used idle connection that is still open, else a new one (the
+    /// forwarder does the same in two steps, see [`Pool::reuse`]).
+    #[cfg(test)]
     pub(crate) async fn checkout(&self) -> Result<Checkout, ConnectError> {
+        match self.reuse() {
+            Some(checkout) => Ok(checkout),
+            None => self.connect().await,
+        }
+    }
+
+    /// The most recently used idle connection that is still open, if any: what
+    /// [`Pool::checkout`] takes first, without waiting (a caller that waits for a new connection
+    /// only when there is none keeps the connecting's state out of every request's future).
+    pub(crate) fn reuse(&self) -> Option<Checkout> {
         let now = Instant::now();
         loop {
-            let idle = self
+            let Idle { conn, since } = self
                 .idle()
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .pop_back();
-            let Some(Idle { conn, since }) = idle else {
-                break;
-            };
+                .pop_back()?;
             if now.saturating_duration_since(since) <= IDLE_TIMEOUT && conn.is_open() {
-                return Ok(Checkout {
+                return Some(Checkout {
                     conn,
                     reused: true,
                     connect: None,
                 });
             }
         }
-        self.connect().await
     }
 
     /// Closes the idle connections, on every shard, that are past [`IDLE_TIMEOUT`] at `now` or
@@ -737,7 +756,7 @@ impl Pool {
                 .map_err(ConnectError::Io)?;
             // Without TCP_NODELAY, small SSE writes meet Nagle and delayed ACKs: a 40 ms stall.
             stream.set_nodelay(true).map_err(ConnectError::Io)?;
-            Ok(Conn::new(stream))
+            Ok(Box::new(Conn::new(stream)))
         };
         let conn = tokio::time::timeout(self.connect_timeout, connecting)
             .await
@@ -751,7 +770,7 @@ impl Pool {
 
     /// A connection whose exchange ended cleanly comes back for the next request, its read
     /// buffer freed (an idle connection holds no memory but its socket).
-    fn checkin(&self, mut conn: Conn) {
+    fn checkin(&self, mut conn: Box<Conn>) {
         if !conn.reusable || !conn.read.is_empty() {
             return;
         }
@@ -774,7 +793,7 @@ impl Pool {
 /// its end (the client went away), the connection is closed with it, which stops the model
 /// server's generation.
 pub(crate) struct PooledBody {
-    conn: Option<Conn>,
+    conn: Option<Box<Conn>>,
     pool: Arc<Pool>,
     decoder: Decoder,
     // An error held back for one poll (see poll_frame).
@@ -782,7 +801,7 @@ pub(crate) struct PooledBody {
 }
 
 impl PooledBody {
-    pub(crate) fn new(conn: Conn, framing: Framing, pool: Arc<Pool>) -> Self {
+    pub(crate) fn new(conn: Box<Conn>, framing: Framing, pool: Arc<Pool>) -> Self {
         let decoder = match framing {
             Framing::Empty => Decoder::empty(),
             Framing::Length(n) => Decoder::length(n),
@@ -935,14 +954,18 @@ mod tests {
         (addr, task)
     }
 
-    fn request(method: Method, body: Vec<Bytes>) -> Request<UpstreamBody> {
-        let mut request = Request::new(http_body_util::Either::Right(ReplayBody::of(body)));
+    fn request(method: Method, body: Vec<Bytes>) -> Outgoing {
+        let mut request = http::Request::new(http_body_util::Either::Right(ReplayBody::of(body)));
         *request.method_mut() = method;
         *request.uri_mut() = "/v1/chat/completions?x=1".parse().unwrap();
         request
             .headers_mut()
             .insert(header::HOST, HeaderValue::from_static("upstream"));
-        request
+        let (parts, body) = request.into_parts();
+        Outgoing {
+            parts: Box::new(parts),
+            body,
+        }
     }
 
     async fn fetch(
@@ -1379,7 +1402,7 @@ mod tests {
             .map_err(|unsent| unsent.error)
             .unwrap();
         let pool = Arc::new(Pool::new(addr.to_string(), Duration::from_secs(5), 16));
-        let mut body = PooledBody::new(conn, framing, pool);
+        let mut body = PooledBody::new(Box::new(conn), framing, pool);
         let event = format!(
             "data: {{\"choices\":[{{\"delta\":{{\"content\":\"{}\"}}}}]}}\n\n",
             "x".repeat(60)
@@ -1431,7 +1454,7 @@ mod tests {
         let _peer = accept.await.unwrap();
         let frame = Bytes::from(vec![b'x'; 64 << 10]);
         let total = 256 * frame.len() as u64;
-        let (parts, mut body) = request(Method::POST, vec![frame; 256]).into_parts();
+        let Outgoing { parts, mut body } = request(Method::POST, vec![frame; 256]);
         let mut sending = Sending::new(&parts, &body);
         let head = sending.queue.queued() as u64;
         let polled =
