@@ -97,12 +97,23 @@ pub trait Written {
     fn defer(self: Pin<&mut Self>) {}
     /// Everything handed on so far has been written.
     fn written(self: Pin<&mut Self>) {}
+    /// Whether the body may have another frame ready without waiting for its source: when
+    /// not, the server writes what it has before it polls again (the poll that finds nothing
+    /// and waits, and a timed body's first wait, then come after the write). As if it had, by
+    /// default: the server polls until the body waits.
+    fn holds_more(&self) -> bool {
+        true
+    }
 }
 
 /// A body held whole (the proxy's own answers) has nothing to read late.
 impl<D> Written for http_body_util::Full<D> {}
 
-impl<B> Written for TimedBody<B> {
+impl<B: Written> Written for TimedBody<B> {
+    fn holds_more(&self) -> bool {
+        self.inner.holds_more()
+    }
+
     fn defer(self: Pin<&mut Self>) {
         *self.project().defer = true;
     }
@@ -354,6 +365,8 @@ mod tests {
         sleep: Option<Pin<Box<tokio::time::Sleep>>>,
         due: Instant,
     }
+
+    impl Written for ScriptedBody {}
 
     impl Body for ScriptedBody {
         type Data = Bytes;

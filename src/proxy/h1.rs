@@ -642,6 +642,12 @@ impl Client {
                         if body.is_end_stream() {
                             ended = true;
                             end_body(&mut writer, framing, None, exchange.trailers);
+                        } else if !body.holds_more() {
+                            // What the body had read goes out before it reads its source
+                            // again: that poll finds nothing and waits (a timed body arms its
+                            // timer on its first wait), on the first token's way to the client
+                            // when it came first.
+                            break;
                         }
                     }
                     Poll::Ready(None) => {
@@ -658,6 +664,13 @@ impl Client {
                 if body_pending {
                     break;
                 }
+            }
+            if body_pending && writer.is_empty() {
+                // Nothing new to write: wait for the body, or for the client.
+                if self.poll_watched(cx, &mut watcher).is_ready() {
+                    return Poll::Ready(false);
+                }
+                return Poll::Pending;
             }
             let wrote = match writer.poll_write(&self.stream, cx) {
                 Poll::Ready(Ok(())) => {
@@ -1143,6 +1156,76 @@ mod tests {
 
     async fn read_to_close(client: &mut TcpStream) -> String {
         read_until(client, "\u{0}never", 1).await
+    }
+
+    /// What a body has read is written before the body is polled again when it holds nothing
+    /// more: the poll that finds nothing and waits (a timed body arms its timer on its first
+    /// wait) must not come between the first token and its write.
+    #[tokio::test]
+    async fn what_a_body_read_is_written_before_it_is_polled_again() {
+        type Log = Arc<std::sync::Mutex<Vec<&'static str>>>;
+        struct Logged(Log, u8);
+        impl Written for Logged {
+            fn written(self: Pin<&mut Self>) {
+                self.0.lock().unwrap().push("written");
+            }
+            fn holds_more(&self) -> bool {
+                false
+            }
+        }
+        impl Body for Logged {
+            type Data = Bytes;
+            type Error = io::Error;
+            fn poll_frame(
+                mut self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+            ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
+                self.1 += 1;
+                let step = self.1;
+                let mut log = self.0.lock().unwrap();
+                match step {
+                    1 => {
+                        log.push("frame");
+                        Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b"a")))))
+                    }
+                    2 => {
+                        log.push("waits");
+                        cx.waker().wake_by_ref();
+                        Poll::Pending
+                    }
+                    _ => {
+                        log.push("end");
+                        Poll::Ready(None)
+                    }
+                }
+            }
+        }
+        let log = Log::default();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (stream, _) = listener.accept().await.unwrap();
+        let served = log.clone();
+        let _server = tokio::spawn(async move {
+            let (_keep, mut shutdown) = watch::channel(false);
+            let service = hyper::service::service_fn(move |_: Request<ClientBody>| {
+                let body = Logged(served.clone(), 0);
+                async move { Ok::<_, Infallible>(Response::new(body)) }
+            });
+            serve(stream, b"", limits(), Hyper(service), &mut shutdown).await;
+        });
+        client
+            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let got = read_until(&mut client, "0\r\n\r\n", 1).await;
+        assert!(got.contains("\r\n1\r\na\r\n"), "{got}");
+        assert_eq!(
+            log.lock().unwrap()[..3],
+            ["frame", "written", "waits"],
+            "the frame was not written before the body was polled again"
+        );
     }
 
     #[tokio::test]

@@ -88,6 +88,13 @@ impl Written for ProxyBody {
             body.as_mut().written();
         }
     }
+
+    fn holds_more(&self) -> bool {
+        match self {
+            ProxyBody::Timed { body } => body.holds_more(),
+            ProxyBody::Own { body } => body.holds_more(),
+        }
+    }
 }
 
 /// The proxy as a hyper service; cheap to clone per connection.

@@ -890,6 +890,16 @@ impl Body for PooledBody {
     }
 }
 
+/// The next frame needs the socket when the read buffer is empty and the body is not over.
+impl crate::measure::Written for PooledBody {
+    fn holds_more(&self) -> bool {
+        match &self.conn {
+            Some(conn) => self.failed.is_some() || !conn.read.is_empty() || self.decoder.is_done(),
+            None => true,
+        }
+    }
+}
+
 impl PooledBody {
     /// The frames handed on before a break may still sit in hyper's write buffer, which an
     /// error would discard with the client connection: give it one turn to send them (it
