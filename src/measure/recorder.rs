@@ -298,6 +298,7 @@ impl Recorder {
     }
 
     /// A data frame is being handed to the client at `now`.
+    #[inline]
     pub fn on_data(&mut self, data: &Bytes, now: Instant) {
         if let Some(state) = self.state.as_mut() {
             state.on_data(data, now);
@@ -394,6 +395,7 @@ impl Active {
         self.handles.as_ref().expect("set above")
     }
 
+    #[inline]
     fn on_data(&mut self, data: &Bytes, now: Instant) {
         if data.is_empty() {
             return;
@@ -410,7 +412,17 @@ impl Active {
     }
 
     /// The body's reader, made now if the head named one and it is not made yet.
+    #[inline]
     fn reader(&mut self) -> Option<&mut StreamReader> {
+        if self.to_read.is_some() {
+            self.make_reader();
+        }
+        self.reader.as_deref_mut()
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn make_reader(&mut self) {
         if let Some((framing, dialect)) = self.to_read.take() {
             self.reader = Some(Box::new(StreamReader::new(
                 framing,
@@ -418,7 +430,6 @@ impl Active {
                 self.meter.max_event_bytes,
             )));
         }
-        self.reader.as_deref_mut()
     }
 
     /// Output-bearing events handed on at `now` (nanoseconds since the start): the first starts
