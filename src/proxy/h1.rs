@@ -665,28 +665,25 @@ impl Client {
                     break;
                 }
             }
-            if body_pending && writer.is_empty() {
-                // Nothing new to write: wait for the body, or for the client.
-                if self.poll_watched(cx, &mut watcher).is_ready() {
-                    return Poll::Ready(false);
-                }
-                return Poll::Pending;
-            }
-            let wrote = match writer.poll_write(&self.stream, cx) {
-                Poll::Ready(Ok(())) => {
-                    body.as_mut().written();
-                    true
-                }
-                Poll::Ready(Err(_)) => return Poll::Ready(false),
-                Poll::Pending => false,
-            };
+            // Nothing new to write when the body waits with the queue empty.
+            let wrote = (body_pending && writer.is_empty())
+                || match writer.poll_write(&self.stream, cx) {
+                    Poll::Ready(Ok(())) => {
+                        body.as_mut().written();
+                        true
+                    }
+                    Poll::Ready(Err(_)) => return Poll::Ready(false),
+                    Poll::Pending => false,
+                };
             if wrote && (ended || broken) {
                 return Poll::Ready(ended && !broken);
             }
-            if self.poll_watched(cx, &mut watcher).is_ready() {
-                return Poll::Ready(false);
-            }
+            // The client is watched when the task is to wait (for the body or the client's
+            // socket); a body that had more is polled again first.
             if !wrote || body_pending {
+                if self.poll_watched(cx, &mut watcher).is_ready() {
+                    return Poll::Ready(false);
+                }
                 return Poll::Pending;
             }
         })
