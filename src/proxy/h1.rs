@@ -146,18 +146,34 @@ pub(crate) async fn serve<S>(
         };
         let exchange = head.exchange;
         let (parts, body) = client.request(head);
-        // On the heap, for this request only: the response body and its recorder are the bulk
-        // of a connection's state, and a task is as large as its largest state for its whole
-        // life (an idle keep-alive connection held 8 KiB for a response it was not sending).
-        let call = service.call(parts, body);
-        let keep = match Box::pin(client.answer(call, &exchange, shutdown)).await {
-            Answer::Close => false,
-            Answer::Sent { keep } => keep,
+        // The answer is awaited here, in the connection's own future: what it holds across the
+        // wait is the service's future (the proxy's is a pointer) and, for a head without a
+        // body, its writer, both smaller than the stream that follows. A future of its own
+        // was boxed, copied into its box (480 bytes) and freed on every request.
+        let answered = {
+            let mut call = pin!(service.call(parts, body));
+            // Until the response head: the client closing its side cancels the request.
+            poll_fn(|cx| {
+                if let Poll::Ready(answer) = call.as_mut().poll(cx) {
+                    return Poll::Ready(Some(answer.map_err(Into::<BoxError>::into)));
+                }
+                match client.poll_watch(cx) {
+                    Poll::Ready(()) => Poll::Ready(None),
+                    Poll::Pending => Poll::Pending,
+                }
+            })
+            .await
+        };
+        let closing_now = *shutdown.borrow();
+        let keep = match client.ready(answered, &exchange, closing_now) {
+            Ready::Close => false,
+            Ready::Bodiless(head) => {
+                let mut writer = head.writer;
+                client.flush(&mut writer).await && head.keep
+            }
             // The body on the heap, once: the task holds a pointer to it, and nothing of a
             // response while it waits for the next request.
-            Answer::Stream { head, mut body } => {
-                client.stream(body.as_mut(), head, &exchange).await
-            }
+            Ready::Stream(head, mut body) => client.stream(body.as_mut(), head, &exchange).await,
         };
         closing |= *shutdown.borrow();
         if !keep || (closing && client.read.is_empty()) {
@@ -167,48 +183,6 @@ pub(crate) async fn serve<S>(
 }
 
 impl Client {
-    /// Waits for the service's answer to one request and writes its head; a body to stream is
-    /// handed back, boxed.
-    async fn answer<F, E, B>(
-        &mut self,
-        call: F,
-        exchange: &Exchange,
-        shutdown: &watch::Receiver<bool>,
-    ) -> Answer<B>
-    where
-        F: Future<Output = Result<Response<B>, E>>,
-        E: Into<BoxError>,
-        B: Body<Data = Bytes>,
-    {
-        // The response and its head are made in a block that ends before the write: a value
-        // whose scope spans an `.await` is kept in the future, and a response (its body's whole
-        // state) made this future 1.7 KiB, boxed and copied once a request.
-        let answer = {
-            let mut call = pin!(call);
-            // Until the response head: the client closing its side cancels the request.
-            let answered = poll_fn(|cx| {
-                if let Poll::Ready(answer) = call.as_mut().poll(cx) {
-                    return Poll::Ready(Some(answer.map_err(Into::<BoxError>::into)));
-                }
-                match self.poll_watch(cx) {
-                    Poll::Ready(()) => Poll::Ready(None),
-                    Poll::Pending => Poll::Pending,
-                }
-            })
-            .await;
-            self.ready(answered, exchange, *shutdown.borrow())
-        };
-        match answer {
-            Ready::Close => Answer::Close,
-            Ready::Bodiless(head) => {
-                let mut writer = head.writer;
-                let keep = self.flush(&mut writer).await && head.keep;
-                Answer::Sent { keep }
-            }
-            Ready::Stream(head, body) => Answer::Stream { head, body },
-        }
-    }
-
     /// The head to write for the service's answer, and its body boxed if it has one to stream.
     fn ready<B: Body<Data = Bytes>>(
         &mut self,
@@ -272,19 +246,6 @@ impl Wake for WatchWake {
         self.woken.store(true, Ordering::Release);
         self.task.wake_by_ref();
     }
-}
-
-/// How a request was answered.
-enum Answer<B> {
-    /// Not: the client went away, or the service failed.
-    Close,
-    /// A response without a body was written.
-    Sent { keep: bool },
-    /// A head to write and a body to stream.
-    Stream {
-        head: ReadyHead,
-        body: std::pin::Pin<Box<B>>,
-    },
 }
 
 /// The service's answer made ready to write.
