@@ -115,12 +115,15 @@ impl<B: Written> Written for TimedBody<B> {
     }
 
     fn defer(self: Pin<&mut Self>) {
-        *self.project().defer = true;
+        let this = self.project();
+        *this.defer = true;
+        this.inner.defer();
     }
 
     fn written(self: Pin<&mut Self>) {
         let this = self.project();
         this.unread.read(this.recorder);
+        this.inner.written();
     }
 }
 

@@ -173,6 +173,10 @@ pub(crate) struct Conn {
     /// The response-head deadline's timer, for the connection's life: taken out for each
     /// exchange by the forwarder, which puts it back.
     pub(crate) head_timer: LazyTimer,
+    /// The request its answer is for, kept from the response head until the answer's first
+    /// write (`Written::written`) or its end: dropped when the head came, its head's map and
+    /// body freed on the first token's way to the client.
+    spent: Option<Outgoing>,
 }
 
 impl Conn {
@@ -184,6 +188,7 @@ impl Conn {
             received: 0,
             reusable: true,
             head_timer: LazyTimer::default(),
+            spent: None,
         }
     }
 
@@ -272,6 +277,7 @@ impl Conn {
                 // An answer before the whole request was sent ends the sending: the server has
                 // decided, and what it did not read leaves the connection unusable.
                 self.reusable = keep_alive && sending.done && framing != Framing::Close;
+                self.spent = Some(Outgoing { parts, body });
                 Ok((response, framing))
             }
             Err(error) => {
@@ -771,6 +777,7 @@ impl Pool {
     /// A connection whose exchange ended cleanly comes back for the next request, its read
     /// buffer freed (an idle connection holds no memory but its socket).
     fn checkin(&self, mut conn: Box<Conn>) {
+        conn.spent = None;
         if !conn.reusable || !conn.read.is_empty() {
             return;
         }
@@ -798,6 +805,9 @@ pub(crate) struct PooledBody {
     decoder: Decoder,
     // An error held back for one poll (see poll_frame).
     failed: Option<UpstreamError>,
+    // Its server says when what it handed on was written (`Written::defer`): the request is
+    // dropped then. Otherwise (hyper's HTTP/2) it is dropped when the body is first polled.
+    deferred: bool,
 }
 
 impl PooledBody {
@@ -813,6 +823,7 @@ impl PooledBody {
             pool,
             decoder,
             failed: None,
+            deferred: false,
         };
         body.settle();
         body
@@ -849,6 +860,11 @@ impl Body for PooledBody {
         let this = &mut *self;
         if let Some(error) = this.failed.take() {
             return Poll::Ready(Some(Err(error)));
+        }
+        if !this.deferred {
+            if let Some(conn) = this.conn.as_mut() {
+                conn.spent = None;
+            }
         }
         loop {
             match this.decode() {
@@ -892,6 +908,17 @@ impl Body for PooledBody {
 
 /// The next frame needs the socket when the read buffer is empty and the body is not over.
 impl crate::measure::Written for PooledBody {
+    fn defer(self: Pin<&mut Self>) {
+        self.get_mut().deferred = true;
+    }
+
+    /// The request goes once its answer's first frames are written.
+    fn written(self: Pin<&mut Self>) {
+        if let Some(conn) = self.get_mut().conn.as_mut() {
+            conn.spent = None;
+        }
+    }
+
     fn holds_more(&self) -> bool {
         match &self.conn {
             Some(conn) => self.failed.is_some() || !conn.read.is_empty() || self.decoder.is_done(),
@@ -1071,6 +1098,42 @@ mod tests {
         let later = Instant::now() + IDLE_TIMEOUT + Duration::from_secs(1);
         assert_eq!(pool.sweep(later), 0);
         assert_closed_by_the_pool(&mut held[0]).await;
+    }
+
+    /// The request an answer is for is kept until the answer's first frames were written when
+    /// its server says so (the HTTP/1.1 server), and dropped at the first poll otherwise; never
+    /// on the way from the response head to the first write.
+    #[tokio::test]
+    async fn the_request_is_dropped_after_the_first_write_or_at_the_first_poll() {
+        for deferred in [true, false] {
+            let (addr, _server) = server(
+                vec![b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhi\r\n"],
+                false,
+            )
+            .await;
+            let pool = Arc::new(Pool::new(addr, Duration::from_secs(5), 4));
+            let mut checkout = pool.checkout().await.unwrap();
+            let (_, framing) = checkout
+                .conn
+                .exchange(request(Method::POST, vec![Bytes::from_static(b"{}")]))
+                .await
+                .map_err(|unsent| unsent.error)
+                .unwrap();
+            assert!(
+                checkout.conn.spent.is_some(),
+                "dropped with the response head"
+            );
+            let mut body = Box::pin(PooledBody::new(checkout.conn, framing, pool.clone()));
+            if deferred {
+                crate::measure::Written::defer(body.as_mut());
+            }
+            let frame = body.frame().await.unwrap().unwrap();
+            assert_eq!(frame.into_data().unwrap(), "hi");
+            let spent = |body: &PooledBody| body.conn.as_ref().unwrap().spent.is_some();
+            assert_eq!(spent(&body), deferred, "deferred: {deferred}");
+            crate::measure::Written::written(body.as_mut());
+            assert!(!spent(&body));
+        }
     }
 
     #[tokio::test]
