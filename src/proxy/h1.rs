@@ -77,9 +77,13 @@ pub(crate) struct Limits {
 pub(crate) trait Service {
     type Body: Body<Data = Bytes> + Written;
     type Error: Into<BoxError>;
-    type Future: Future<Output = Result<Response<Self::Body>, Self::Error>> + Send + 'static;
 
-    fn call(&self, parts: Box<http::request::Parts>, body: ClientBody) -> Self::Future;
+    /// The answer, awaited in the connection's own future (not boxed: made in place).
+    fn call(
+        &self,
+        parts: Box<http::request::Parts>,
+        body: ClientBody,
+    ) -> impl Future<Output = Result<Response<Self::Body>, Self::Error>> + Send;
 }
 
 /// A hyper service, called by this server with the request made whole again (the admin port's
@@ -96,9 +100,12 @@ where
 {
     type Body = B;
     type Error = S::Error;
-    type Future = S::Future;
 
-    fn call(&self, parts: Box<http::request::Parts>, body: ClientBody) -> S::Future {
+    fn call(
+        &self,
+        parts: Box<http::request::Parts>,
+        body: ClientBody,
+    ) -> impl Future<Output = Result<Response<B>, S::Error>> + Send {
         self.0.call(Request::from_parts(*parts, body))
     }
 }
