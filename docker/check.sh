@@ -6,7 +6,8 @@
 #     standing in for the rust image (same Debian release); target/ is kept in
 #     target/docker-check between runs, as Docker's layer cache would keep it;
 #  3. the runtime stage's files are laid out in a directory standing in for the image;
-#  4. the binary links only libraries distroless cc ships, against glibc <= 2.36 (bookworm's);
+#  4. the binary links only libraries distroless cc ships, against glibc <= 2.36 (bookworm's),
+#     with the request's code linked together (build.rs, build/hot-code.ld);
 #  5. the entrypoint runs as the image's user: `check --config` on the image's config, then the
 #     proxy with the image's CMD (listeners moved to 127.0.0.1:0) until /readyz answers 200 and
 #     /metrics has tokenmeter_build_info, then SIGTERM and a clean exit.
@@ -215,6 +216,13 @@ def run_check(tmp):
     if newest > MAX_GLIBC:
         fail(f"the binary needs GLIBC_{'.'.join(map(str, newest))}, newer than the runtime's 2.36")
     ok(f"needs glibc {'.'.join(map(str, newest))} (runtime has 2.36)")
+    # build.rs links the functions a request runs together (build/hot-code.ld); a context
+    # without the script, or a linker that ignored it, would still build, only slower.
+    headers = subprocess.run(["objdump", "-h", binary], capture_output=True, text=True, check=True).stdout
+    hot = re.search(r"\s\.text\.hot\s+([0-9a-f]+)", headers)
+    if not hot:
+        fail("the binary has no .text.hot section: build.rs or build/hot-code.ld did not reach the linker")
+    ok(f"the request's code linked together: .text.hot holds {int(hot.group(1), 16) // 1024} KiB")
 
     def in_image(arg):
         return root + arg if arg.startswith("/") and os.path.exists(root + arg) else arg
