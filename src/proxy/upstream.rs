@@ -25,6 +25,7 @@
 //! the pool's sweep every [`IDLE_SWEEP`], which closes those the server closed or that expired.
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::io;
 use std::mem::MaybeUninit;
 use std::pin::Pin;
@@ -36,7 +37,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
-use tokio::io::Interest;
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
@@ -218,43 +219,19 @@ impl Conn {
     /// Room is made once bytes are there to read: by then the frames handed on from the buffer
     /// have usually been written and dropped, and the room is made in the buffer they leave
     /// (a new one for every few frames otherwise, while the last frame waits to be written).
-    ///
-    /// The socket is read directly when tokio knows it readable, and tokio is asked to wake
-    /// the task only when it is not (`read_buf`'s future asked it first on every read, and
-    /// again to find nothing); the task's budget is still spent on each read, so a body whose
-    /// upstream always has more cannot hold the event loop.
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        let coop = ready!(tokio::task::coop::poll_proceed(cx));
-        let n = loop {
-            if self.read.capacity() - self.read.len() < self.read_size / 2 {
-                ready!(self.stream.poll_read_ready(cx))?;
-                self.read.reserve(self.read_size);
-            }
-            let room = self.read.capacity() - self.read.len();
-            match self.stream.try_read_buf(&mut self.read) {
-                Ok(n) => {
-                    // A read that left room took all the socket held: tokio forgets the
-                    // readiness (as its own `poll_read` does), so the next poll waits for a
-                    // new event instead of spending a `recv` on `EAGAIN`, and an idle
-                    // connection in the pool reads as open without one (`is_open`).
-                    if n > 0 && n < room {
-                        let _ = self.stream.try_io(Interest::READABLE, || {
-                            Err::<(), _>(io::ErrorKind::WouldBlock.into())
-                        });
-                    }
-                    if n == room && self.read_size < READ_BUFFER_MAX {
-                        self.read_size *= 2;
-                    }
-                    break n;
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    ready!(self.stream.poll_read_ready(cx))?;
-                }
-                Err(e) => return Poll::Ready(Err(e)),
-            }
-        };
-        coop.made_progress();
+        if self.read.capacity() - self.read.len() < self.read_size / 2 {
+            ready!(self.stream.poll_read_ready(cx))?;
+            self.read.reserve(self.read_size);
+        }
+        let room = self.read.capacity() - self.read.len();
+        let read = self.stream.read_buf(&mut self.read);
+        tokio::pin!(read);
+        let n = ready!(read.poll(cx))?;
         self.received += n as u64;
+        if n == room && self.read_size < READ_BUFFER_MAX {
+            self.read_size *= 2;
+        }
         Poll::Ready(Ok(n))
     }
 
@@ -973,7 +950,7 @@ mod tests {
     //! HEAD, close-delimited bodies, early answers, and what goes back to the pool.
 
     use http_body_util::BodyExt;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     use tokio::net::TcpListener;
 
     use super::*;
