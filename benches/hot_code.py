@@ -22,7 +22,7 @@ hash: those are named exactly. A function the code no longer has matches nothing
 
 Rerun it when the request path changes much:
 
-    python3 benches/hot_code.py                    # builds the release binary first; ~1 minute
+    python3 benches/hot_code.py                    # builds the release binary first, then seconds
     python3 benches/hot_code.py --tokenmeter PATH
 """
 
