@@ -906,7 +906,6 @@ impl Body for PooledBody {
     }
 }
 
-/// The next frame needs the socket when the read buffer is empty and the body is not over.
 impl crate::measure::Written for PooledBody {
     fn defer(self: Pin<&mut Self>) {
         self.get_mut().deferred = true;
@@ -919,6 +918,7 @@ impl crate::measure::Written for PooledBody {
         }
     }
 
+    /// The next frame needs the socket when the read buffer is empty and the body is not over.
     fn holds_more(&self) -> bool {
         match &self.conn {
             Some(conn) => self.failed.is_some() || !conn.read.is_empty() || self.decoder.is_done(),
