@@ -508,8 +508,9 @@ impl Active {
             None => self.resolve_handles().itl.local(),
         };
         for gap in gaps {
-            self.itl.add(gap);
-            histogram.observe(gap.as_secs_f64());
+            let secs = gap.as_secs_f64();
+            self.itl.add_secs(secs);
+            histogram.observe(secs);
         }
         self.itl_local = Some(histogram);
     }

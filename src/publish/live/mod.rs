@@ -592,6 +592,34 @@ mod tests {
         }
     }
 
+    /// `key` takes the ceiling without libm's `ceil`; it must be the same ceiling, on the
+    /// buckets' own bounds (where the logarithm's quotient lands on or next to an integer) and
+    /// between them, over the whole kept range.
+    #[test]
+    fn key_is_the_ceiling_of_the_log_quotient() {
+        let by_ceil = |secs: f64| {
+            ((secs.clamp(MIN_SECS, MAX_SECS).ln() / LN_GAMMA).ceil() as i32).clamp(MIN_KEY, MAX_KEY)
+        };
+        for k in MIN_KEY - 2..=MAX_KEY + 2 {
+            let bound = (f64::from(k) * LN_GAMMA).exp();
+            for v in [
+                bound,
+                bound.next_up(),
+                bound.next_down(),
+                bound * 1.005,
+                bound * 0.995,
+            ] {
+                assert_eq!(key(v), by_ceil(v), "{v:e} (bucket bound {k})");
+            }
+        }
+        for nanos in (1..4_000_000_000u64).step_by(999_983) {
+            let v = Duration::from_nanos(nanos).as_secs_f64();
+            assert_eq!(key(v), by_ceil(v), "{nanos} ns");
+        }
+        assert_eq!(key(0.0), MIN_KEY);
+        assert_eq!(key(f64::INFINITY), MAX_KEY);
+    }
+
     #[test]
     fn out_of_range_values_are_clamped_and_zeros_are_exact() {
         let mut s = Sketch::default();

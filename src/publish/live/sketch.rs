@@ -27,8 +27,17 @@ pub(super) const GROWTH_SLACK: i32 = 32;
 /// The bucket of a positive duration in seconds: `⌈ln v / ln γ⌉`, clamped to the kept range.
 pub(super) fn key(secs: f64) -> i32 {
     let clamped = secs.clamp(MIN_SECS, MAX_SECS);
-    // In range by the clamp; the cast saturates anyway.
-    ((clamped.ln() / LN_GAMMA).ceil() as i32).clamp(MIN_KEY, MAX_KEY)
+    let x = clamped.ln() / LN_GAMMA;
+    // ⌈x⌉ without libm's `ceil` (a call per gap: x86-64's baseline has no rounding
+    // instruction): x is within ±700 by the clamp, so the cast truncates it exactly, towards
+    // zero, and one step up makes the ceiling of a non-integer.
+    let truncated = x as i32;
+    let k = if f64::from(truncated) < x {
+        truncated + 1
+    } else {
+        truncated
+    };
+    k.clamp(MIN_KEY, MAX_KEY)
 }
 
 /// The value reported for bucket `k`, which holds `(γ^(k−1), γ^k]`: `(1−α)·γ^k`, within α
@@ -50,10 +59,16 @@ pub(super) struct Sketch {
 
 impl Sketch {
     pub(super) fn add(&mut self, d: Duration) {
-        if d.is_zero() {
+        self.add_secs(d.as_secs_f64());
+    }
+
+    /// [`Sketch::add`] of a duration already in seconds (not negative).
+    #[inline]
+    pub(super) fn add_secs(&mut self, secs: f64) {
+        if secs == 0.0 {
             self.add_zeros(1);
         } else {
-            self.add_key(key(d.as_secs_f64()), 1);
+            self.add_key(key(secs), 1);
         }
     }
 
@@ -61,8 +76,12 @@ impl Sketch {
         self.zeros = self.zeros.saturating_add(n);
     }
 
+    #[inline]
     pub(super) fn add_key(&mut self, k: i32, n: u32) {
-        self.cover(k, k);
+        // Most keys fall in the range already stored: no call to grow it.
+        if k < self.first_key || k > self.last_key() || self.counts.is_empty() {
+            self.cover(k, k);
+        }
         // In range: `cover` just made it so.
         let i = (k - self.first_key) as usize;
         if let Some(c) = self.counts.get_mut(i) {
@@ -235,8 +254,16 @@ pub(crate) struct GapSketch(pub(super) Sketch);
 impl GapSketch {
     /// One gap between two consecutive output-bearing events (zero for events handed to the
     /// client in the same frame).
+    #[cfg(test)]
     pub(crate) fn add(&mut self, gap: Duration) {
         self.0.add(gap);
+    }
+
+    /// [`GapSketch::add`] of a gap already in seconds, as the recorder has it for its ITL
+    /// histogram too.
+    #[inline]
+    pub(crate) fn add_secs(&mut self, gap: f64) {
+        self.0.add_secs(gap);
     }
 }
 
