@@ -78,10 +78,7 @@ impl Sketch {
 
     #[inline]
     pub(super) fn add_key(&mut self, k: i32, n: u32) {
-        // Most keys fall in the range already stored: no call to grow it.
-        if k < self.first_key || k > self.last_key() || self.counts.is_empty() {
-            self.cover(k, k);
-        }
+        self.cover(k, k);
         // In range: `cover` just made it so.
         let i = (k - self.first_key) as usize;
         if let Some(c) = self.counts.get_mut(i) {
@@ -99,8 +96,20 @@ impl Sketch {
     }
 
     /// Grows the stored range to cover keys `lo..=hi`, with some slack, never past the kept
-    /// range, and never to a capacity above [`N_KEYS`].
+    /// range, and never to a capacity above [`N_KEYS`]. Inline: most keys fall in the range
+    /// already stored, and then it is one comparison, not a call.
+    #[inline]
     pub(super) fn cover(&mut self, lo: i32, hi: i32) {
+        if !self.counts.is_empty() && lo >= self.first_key && hi <= self.last_key() {
+            return;
+        }
+        self.grow(lo, hi);
+    }
+
+    /// [`Sketch::cover`]'s growing, out of the line of the common case.
+    #[cold]
+    #[inline(never)]
+    fn grow(&mut self, lo: i32, hi: i32) {
         if self.counts.is_empty() {
             let (new_lo, new_hi) = (
                 (lo - GROWTH_SLACK).max(MIN_KEY),
@@ -115,9 +124,6 @@ impl Sketch {
             return;
         }
         let (old_lo, old_hi) = (self.first_key, self.last_key());
-        if lo >= old_lo && hi <= old_hi {
-            return;
-        }
         let new_lo = if lo < old_lo {
             (lo - GROWTH_SLACK).max(MIN_KEY)
         } else {
