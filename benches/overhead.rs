@@ -21,8 +21,9 @@
 //! the hop alone), `TOKENMETER_BENCH_BINARY=PATH` (the tokenmeter binary to measure; by default
 //! the bench builds it as `cargo build --release` does, into `target/shipping`: `cargo bench`'s
 //! own build of it carries tokio's test-util), `TOKENMETER_BENCH_CANDIDATE=PATH` (another
-//! tokenmeter binary as one more way, `candidate`: two builds compared in one run), `TOKENMETER_BENCH_SAMPLES=1000` (one-user requests
-//! per way), `TOKENMETER_BENCH_PIN=1` (the bench's own threads, load generator and mock, on CPU 0
+//! tokenmeter binary, or a script that `exec`s one with other settings, as one more way,
+//! `candidate`: two builds compared in one run, with its CPU per frame over tokenmeter's round by
+//! round), `TOKENMETER_BENCH_SAMPLES=1000` (one-user requests per way), `TOKENMETER_BENCH_PIN=1` (the bench's own threads, load generator and mock, on CPU 0
 //! and the proxies on CPU 1, with `taskset`: what each proxy adds when it does not share a core
 //! with the load; a diagnostic, not the setup), `TOKENMETER_BENCH_ROUNDS=3` (rounds per
 //! level and way, the ways rotating: more for a finer A/B), `TOKENMETER_BENCH_DEFAULT_WORKERS=0`
@@ -773,6 +774,9 @@ fn print_report(params: &Params, measured: &Measured, context: &Context) {
     }
 
     print_targets(&rows, measured, context, nginx_at, tokenmeter_at);
+    if let (Some(t), Some(c)) = (tokenmeter_at, index("candidate")) {
+        print_paired(measured, "candidate", c, "tokenmeter", t);
+    }
 
     println!();
     println!("Run:");
@@ -936,30 +940,36 @@ fn print_targets(
     }
     // One round's CPU figure moves far more with the machine than the proxies differ: within a
     // round the ways take turns seconds apart, so each round's own ratio is steadier.
-    let names: Vec<&str> = context.proxies.iter().map(|(name, _)| *name).collect();
-    for level in &measured.levels {
-        let of_nginx = &level.ways[n].rounds_cpu_per_1000;
-        for (at, name) in names.iter().enumerate().map(|(i, name)| (i + 1, name)) {
-            let rounds = &level.ways[at].rounds_cpu_per_1000;
-            if at == n || rounds.len() != of_nginx.len() || rounds.is_empty() {
-                continue;
-            }
-            let mut ratios: Vec<f64> = rounds.iter().zip(of_nginx).map(|(r, n)| r / n).collect();
-            ratios.sort_by(f64::total_cmp);
-            let mid = ratios.len() / 2;
-            let median = if ratios.len() % 2 == 0 {
-                (ratios[mid - 1] + ratios[mid]) / 2.0
-            } else {
-                ratios[mid]
-            };
-            println!(
-                "- (CPU per frame at {} streams, {name} / nginx round by round: median {median:.2}, {:.2}–{:.2} over {} rounds)",
-                level.streams,
-                ratios[0],
-                ratios[ratios.len() - 1],
-                ratios.len()
-            );
+    for (at, name) in context.proxies.iter().map(|(name, _)| *name).enumerate() {
+        if at + 1 != n {
+            print_paired(measured, name, at + 1, "nginx", n);
         }
+    }
+}
+
+/// Each level's CPU per frame of one way over another's, round by round: the median and range.
+fn print_paired(measured: &Measured, name: &str, at: usize, base: &str, base_at: usize) {
+    for level in &measured.levels {
+        let of_base = &level.ways[base_at].rounds_cpu_per_1000;
+        let rounds = &level.ways[at].rounds_cpu_per_1000;
+        if rounds.len() != of_base.len() || rounds.is_empty() {
+            continue;
+        }
+        let mut ratios: Vec<f64> = rounds.iter().zip(of_base).map(|(r, b)| r / b).collect();
+        ratios.sort_by(f64::total_cmp);
+        let mid = ratios.len() / 2;
+        let median = if ratios.len() % 2 == 0 {
+            (ratios[mid - 1] + ratios[mid]) / 2.0
+        } else {
+            ratios[mid]
+        };
+        println!(
+            "- (CPU per frame at {} streams, {name} / {base} round by round: median {median:.2}, {:.2}–{:.2} over {} rounds)",
+            level.streams,
+            ratios[0],
+            ratios[ratios.len() - 1],
+            ratios.len()
+        );
     }
 }
 
