@@ -27,9 +27,10 @@
 //! and the proxies on CPU 1, with `taskset`: what each proxy adds when it does not share a core
 //! with the load; a diagnostic, not the setup), `TOKENMETER_BENCH_ROUNDS=3` (rounds per
 //! level and way, the ways rotating: more for a finer A/B), `TOKENMETER_BENCH_DEFAULT_WORKERS=0`
-//! (leave out the way that runs tokenmeter on its default worker count), and
+//! (leave out the way that runs tokenmeter on its default worker count),
 //! `TOKENMETER_BENCH_PERF=DIR` (one extra, uncounted round per proxy at the level nearest 512
-//! streams under `perf record -g`, written to DIR).
+//! streams under `perf record -g`, written to DIR), and `TOKENMETER_BENCH_SAMPLES_DIR=DIR` (each
+//! way's one-user samples, one request a line, written to DIR).
 
 #[path = "overhead/load.rs"]
 mod load;
@@ -211,6 +212,8 @@ struct Params {
     default_workers: bool,
     pin: bool,
     perf_dir: Option<PathBuf>,
+    /// Where each way's one-user samples are written, one request a line, in the order sent.
+    samples_dir: Option<PathBuf>,
 }
 
 impl Params {
@@ -276,6 +279,9 @@ impl Params {
                 .filter(|p| !p.is_empty())
                 .map(PathBuf::from),
             perf_dir,
+            samples_dir: std::env::var_os("TOKENMETER_BENCH_SAMPLES_DIR")
+                .filter(|p| !p.is_empty())
+                .map(PathBuf::from),
         }
     }
 
@@ -727,6 +733,9 @@ fn print_report(params: &Params, measured: &Measured, context: &Context) {
     println!();
     println!("| way | TTFT p50 | TTFT p99 | request leg p50 | request leg p99 | first-token leg p50 | first-token leg p99 | per-event p50 | per-event p99 | failed |");
     println!("|---|---|---|---|---|---|---|---|---|---|");
+    if let Some(dir) = &params.samples_dir {
+        write_samples(dir, &names, &measured.single);
+    }
     for (name, way) in names.iter().zip(&measured.single) {
         let at = |samples: &[u64], p| or_na(percentile(samples, p).map(human));
         println!(
@@ -969,6 +978,34 @@ fn print_paired(measured: &Measured, name: &str, at: usize, base: &str, base_at:
             ratios[0],
             ratios[ratios.len() - 1],
             ratios.len()
+        );
+    }
+}
+
+/// Each way's one-user samples as `one-user-WAY.tsv` in `dir`: TTFT, request leg and first-token
+/// leg in nanoseconds, one request a line in the order sent, for distributions the report's two
+/// percentiles do not show.
+fn write_samples(dir: &std::path::Path, names: &[&str], single: &[SingleUser]) {
+    let written = std::fs::create_dir_all(dir).and_then(|()| {
+        for (name, way) in names.iter().zip(single) {
+            let mut text = String::from("ttft_ns\trequest_leg_ns\tfirst_token_leg_ns\n");
+            for (i, ttft) in way.ttft_ns.iter().enumerate() {
+                let leg = |legs: &[u64]| legs.get(i).map_or(String::new(), u64::to_string);
+                text += &format!(
+                    "{ttft}\t{}\t{}\n",
+                    leg(&way.request_leg_ns),
+                    leg(&way.first_token_leg_ns)
+                );
+            }
+            let file = format!("one-user-{}.tsv", name.replace([' ', ','], "-"));
+            std::fs::write(dir.join(file), text)?;
+        }
+        Ok(())
+    });
+    if let Err(e) = written {
+        eprintln!(
+            "overhead bench: could not write the samples to {}: {e}",
+            dir.display()
         );
     }
 }
