@@ -23,9 +23,10 @@
 //! own build of it carries tokio's test-util), `TOKENMETER_BENCH_CANDIDATE=PATH` (another
 //! tokenmeter binary, or a script that `exec`s one with other settings, as one more way,
 //! `candidate`: two builds compared in one run, with its CPU per frame over tokenmeter's round by
-//! round), `TOKENMETER_BENCH_SAMPLES=1000` (one-user requests per way), `TOKENMETER_BENCH_PIN=1` (the bench's own threads, load generator and mock, on CPU 0
-//! and the proxies on CPU 1, with `taskset`: what each proxy adds when it does not share a core
-//! with the load; a diagnostic, not the setup), `TOKENMETER_BENCH_ROUNDS=3` (rounds per
+//! round), `TOKENMETER_BENCH_SAMPLES=1000` (one-user requests per way), `TOKENMETER_BENCH_PIN=1`
+//! (the bench's own threads, load generator and mock, on CPU 0 and the proxies on CPU 1, with
+//! `taskset`: what each proxy adds when it does not share a core with the load; a diagnostic,
+//! not the setup), `TOKENMETER_BENCH_ROUNDS=3` (rounds per
 //! level and way, the ways rotating: more for a finer A/B), `TOKENMETER_BENCH_DEFAULT_WORKERS=0`
 //! (leave out the way that runs tokenmeter on its default worker count),
 //! `TOKENMETER_BENCH_PERF=DIR` (one extra, uncounted round per proxy at the level nearest 512
@@ -184,6 +185,9 @@ fn main() -> ExitCode {
         after_rss,
         took: started.elapsed(),
     };
+    if let Some(dir) = &params.samples_dir {
+        write_samples(dir, &context.way_names(), &measured.single);
+    }
     print_report(&params, &measured, &context);
     ExitCode::SUCCESS
 }
@@ -476,6 +480,15 @@ struct Context<'a> {
     took: Duration,
 }
 
+impl Context<'_> {
+    /// The ways in the order their figures are kept: direct, then each proxy.
+    fn way_names(&self) -> Vec<&'static str> {
+        std::iter::once("direct")
+            .chain(self.proxies.iter().map(|(name, _)| *name))
+            .collect()
+    }
+}
+
 /// The p-th percentile with linear interpolation between the two nearest ranks (numpy's
 /// default), over exact samples.
 fn percentile(samples: &[u64], p: f64) -> Option<f64> {
@@ -556,9 +569,7 @@ struct Row {
 fn print_report(params: &Params, measured: &Measured, context: &Context) {
     let tick_s = 1.0 / procfs::clock_ticks_per_second() as f64;
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let names: Vec<&str> = std::iter::once("direct")
-        .chain(context.proxies.iter().map(|(name, _)| *name))
-        .collect();
+    let names = context.way_names();
     let index = |name: &str| names.iter().position(|n| *n == name);
     let (nginx_at, tokenmeter_at) = (index("nginx"), index("tokenmeter"));
     let pick = |values: &[Option<f64>], at: Option<usize>| at.and_then(|i| values[i]);
@@ -733,9 +744,6 @@ fn print_report(params: &Params, measured: &Measured, context: &Context) {
     println!();
     println!("| way | TTFT p50 | TTFT p99 | request leg p50 | request leg p99 | first-token leg p50 | first-token leg p99 | per-event p50 | per-event p99 | failed |");
     println!("|---|---|---|---|---|---|---|---|---|---|");
-    if let Some(dir) = &params.samples_dir {
-        write_samples(dir, &names, &measured.single);
-    }
     for (name, way) in names.iter().zip(&measured.single) {
         let at = |samples: &[u64], p| or_na(percentile(samples, p).map(human));
         println!(
@@ -986,16 +994,18 @@ fn print_paired(measured: &Measured, name: &str, at: usize, base: &str, base_at:
 /// leg in nanoseconds, one request a line in the order sent, for distributions the report's two
 /// percentiles do not show.
 fn write_samples(dir: &std::path::Path, names: &[&str], single: &[SingleUser]) {
+    use std::fmt::Write as _;
     let written = std::fs::create_dir_all(dir).and_then(|()| {
         for (name, way) in names.iter().zip(single) {
             let mut text = String::from("ttft_ns\trequest_leg_ns\tfirst_token_leg_ns\n");
-            for (i, ttft) in way.ttft_ns.iter().enumerate() {
-                let leg = |legs: &[u64]| legs.get(i).map_or(String::new(), u64::to_string);
-                text += &format!(
-                    "{ttft}\t{}\t{}\n",
-                    leg(&way.request_leg_ns),
-                    leg(&way.first_token_leg_ns)
-                );
+            // The three are pushed together, one entry a request.
+            for ((ttft, request), first) in way
+                .ttft_ns
+                .iter()
+                .zip(&way.request_leg_ns)
+                .zip(&way.first_token_leg_ns)
+            {
+                let _ = writeln!(text, "{ttft}\t{request}\t{first}");
             }
             let file = format!("one-user-{}.tsv", name.replace([' ', ','], "-"));
             std::fs::write(dir.join(file), text)?;
