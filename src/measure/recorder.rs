@@ -278,6 +278,16 @@ impl Recorder {
         }
     }
 
+    /// The response's status arrived, its fields to be read later with [`Recorder::on_head`]
+    /// (after the head's write: [`crate::measure::TimedBody::before_head`]). Until then the
+    /// request has its status, so a client gone before the write is recorded with it.
+    pub fn on_status(&mut self, status: StatusCode) {
+        if let Some(state) = self.state.as_mut() {
+            state.status = Some(status);
+            state.admit = status.is_success();
+        }
+    }
+
     /// How the request reached the upstream: over a reused connection or a new one (and how
     /// long connecting took), when it was handed to that connection, and after how many retries.
     pub(crate) fn on_upstream(

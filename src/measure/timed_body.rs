@@ -10,6 +10,9 @@
 //! HTTP/1.1 server) lets the body read a frame then, after the write: the frame is still stamped
 //! when it is handed on, but its parsing and accounting are off the path from the upstream's
 //! socket to the client's, where they added to every token's latency and most to the first's.
+//! Such a server also hands the response's head back once it has encoded it
+//! ([`Written::head`]), and a body made [`TimedBody::before_head`] reads the head's fields
+//! with the first frames, after their write, rather than on the way to the first token.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -56,11 +59,25 @@ pin_project! {
 /// several events) are read together after their write.
 const UNREAD: usize = 4;
 
-/// Frames handed on and not read yet, oldest first, each with the moment it was handed on.
+/// Frames handed on and not read yet, oldest first, each with the moment it was handed on, and
+/// the response head's fields when they are read with them.
 #[derive(Default)]
 struct Unread {
     frames: [Option<(Bytes, Instant)>; UNREAD],
     len: usize,
+    head: Head,
+}
+
+/// Where the response head's fields are, for the recorder.
+#[derive(Default)]
+enum Head {
+    /// Read (or never to be read: the head was not handed over).
+    #[default]
+    Read,
+    /// To be handed over by the server ([`Written::head`]).
+    Awaited,
+    /// Handed over, to be read before the first frame.
+    Held(http::response::Parts),
 }
 
 impl Unread {
@@ -73,8 +90,14 @@ impl Unread {
         self.len += 1;
     }
 
-    /// Reads the frames kept, in order, each at the moment it was handed on.
+    /// Reads the head if it is held, then the frames kept, in order, each at the moment it was
+    /// handed on.
     fn read(&mut self, recorder: &mut Recorder) {
+        if let Head::Held(_) = self.head {
+            if let Head::Held(head) = std::mem::take(&mut self.head) {
+                recorder.on_head(head.status, &head.headers);
+            }
+        }
         for slot in &mut self.frames[..self.len] {
             if let Some((data, at)) = slot.take() {
                 recorder.on_data(&data, at);
@@ -104,6 +127,11 @@ pub trait Written {
     fn holds_more(&self) -> bool {
         true
     }
+    /// The server has encoded the response's head and hands it over, before it polls the body;
+    /// a body that awaits it reads it after the first write. Dropped by default.
+    fn head(self: Pin<&mut Self>, parts: http::response::Parts) {
+        drop(parts);
+    }
 }
 
 /// A body held whole (the proxy's own answers) has nothing to read late.
@@ -124,6 +152,13 @@ impl<B: Written> Written for TimedBody<B> {
         let this = self.project();
         this.unread.read(this.recorder);
         this.inner.written();
+    }
+
+    fn head(self: Pin<&mut Self>, parts: http::response::Parts) {
+        let this = self.project();
+        if let Head::Awaited = this.unread.head {
+            this.unread.head = Head::Held(parts);
+        }
     }
 }
 
@@ -176,6 +211,19 @@ impl<B: Body<Data = Bytes>> TimedBody<B> {
             defer: false,
             unread: Unread::default(),
         }
+    }
+
+    /// [`TimedBody::new`] for a recorder told only the response's status
+    /// ([`Recorder::on_status`]) and a server that hands the head over ([`Written::head`]): its
+    /// fields are read with the first frames, after their write (a body that has already
+    /// ended is finished at once, so its head is read by the caller, as for `new`). Reading them
+    /// (the engine's timing fields, the content type, the dialect) and dropping the head's map
+    /// were a ninth of the instructions between the upstream's first read and the client's
+    /// first write.
+    pub fn before_head(inner: B, recorder: Recorder, idle: Option<Duration>) -> Self {
+        let mut body = TimedBody::new(inner, recorder, idle);
+        body.unread.head = Head::Awaited;
+        body
     }
 }
 
@@ -300,6 +348,18 @@ mod tests {
         idle: Option<Duration>,
         written_after: Option<u64>,
     ) -> (Record, Arc<Meter>) {
+        play_with(steps, drop_after, idle, written_after, false).await
+    }
+
+    /// [`play_as`], and with `head_back` the recorder is told the status only and the head is
+    /// handed over as the proxy's server does ([`TimedBody::before_head`], [`Written::head`]).
+    async fn play_with(
+        steps: Vec<(u64, Bytes)>,
+        drop_after: Option<usize>,
+        idle: Option<Duration>,
+        written_after: Option<u64>,
+        head_back: bool,
+    ) -> (Record, Arc<Meter>) {
         let mut meter = Meter::detached(1 << 20);
         let (sink, records) = RecordSink::channel(8, meter.metrics.access_log_dropped.clone());
         meter.access_log = Some(sink);
@@ -312,15 +372,23 @@ mod tests {
             &http::HeaderMap::new(),
         );
         recorder.model_slot().decide(Some("m"));
-        let mut headers = http::HeaderMap::new();
-        headers.insert("content-type", "text/event-stream".parse().unwrap());
-        recorder.on_head(http::StatusCode::OK, &headers);
+        let mut head = http::Response::new(()).into_parts().0;
+        head.headers
+            .insert("content-type", "text/event-stream".parse().unwrap());
         let scripted = ScriptedBody {
             steps: steps.into(),
             sleep: None,
             due: Instant::now(),
         };
-        let mut body = Box::pin(TimedBody::new(scripted, recorder, idle));
+        let mut body = if head_back {
+            recorder.on_status(http::StatusCode::OK);
+            let mut body = Box::pin(TimedBody::before_head(scripted, recorder, idle));
+            body.as_mut().head(head);
+            body
+        } else {
+            recorder.on_head(http::StatusCode::OK, &head.headers);
+            Box::pin(TimedBody::new(scripted, recorder, idle))
+        };
         if written_after.is_some() {
             body.as_mut().defer();
         }
@@ -339,6 +407,12 @@ mod tests {
                     unread || body.is_end_stream(),
                     "frame {n} was read before its write"
                 );
+                if head_back && n == 1 {
+                    assert!(
+                        matches!(body.unread.head, Head::Held(_)),
+                        "the head was read before the first write"
+                    );
+                }
                 if after != NEVER {
                     tokio::time::sleep(Duration::from_millis(after)).await;
                     body.as_mut().written();
@@ -473,6 +547,52 @@ mod tests {
         assert_eq!(r.outcome, "error");
         assert_eq!(r.output_tokens, 2);
         assert_eq!(r.max_itl_ms, Some(100.0));
+    }
+
+    /// The head's fields read after the first write (the proxy's own server) give the same
+    /// figures as read before it; and a head handed over is read even when the client goes
+    /// before the first write, or nothing was ever written.
+    #[tokio::test(start_paused = true)]
+    async fn a_head_read_after_the_first_write_counts_the_same() {
+        let (r, meter) = play_with(story(), None, None, Some(0), true).await;
+        check_story(&r, &meter);
+        let (r, meter) = play_with(story(), None, None, Some(NEVER), true).await;
+        check_story(&r, &meter);
+        let steps = || vec![(100, chunk("a")), (100, chunk("b")), (1000, chunk("c"))];
+        let (r, _) = play_with(steps(), Some(1), None, Some(1), true).await;
+        assert_eq!(r.outcome, "cancelled");
+        assert_eq!(r.status, Some(200));
+        assert_eq!(r.token_source, "events", "the head's content type was read");
+        assert_eq!(r.output_tokens, 1);
+    }
+
+    /// A head awaited but never handed over leaves the request its status.
+    #[tokio::test(start_paused = true)]
+    async fn a_head_never_handed_over_leaves_the_status() {
+        let meter = Meter::detached(1 << 20);
+        let (sink, records) = RecordSink::channel(8, meter.metrics.access_log_dropped.clone());
+        let mut meter = meter;
+        meter.access_log = Some(sink);
+        let meter = Arc::new(meter);
+        let uri: http::Uri = "/v1/chat/completions".parse().unwrap();
+        let mut recorder = Recorder::start(
+            meter.clone(),
+            &http::Method::POST,
+            &uri,
+            &http::HeaderMap::new(),
+        );
+        recorder.on_status(http::StatusCode::SERVICE_UNAVAILABLE);
+        let scripted = ScriptedBody {
+            steps: vec![(10, chunk("a"))].into(),
+            sleep: None,
+            due: Instant::now(),
+        };
+        drop(Box::pin(TimedBody::before_head(scripted, recorder, None)));
+        let record = records
+            .recv_timeout(std::time::Duration::from_secs(5))
+            .expect("one record");
+        assert_eq!(record.status, Some(503));
+        assert_eq!(record.outcome, "cancelled");
     }
 
     #[tokio::test(start_paused = true)]

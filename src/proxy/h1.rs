@@ -194,7 +194,8 @@ pub(crate) async fn serve<S>(
 
 impl Client {
     /// The head to write for the service's answer, and its body boxed if it has one to stream.
-    fn ready<B: Body<Data = Bytes>>(
+    /// The head goes to the body once encoded ([`Written::head`]).
+    fn ready<B: Body<Data = Bytes> + Written>(
         &mut self,
         answered: Option<Result<Response<B>, BoxError>>,
         exchange: &Exchange,
@@ -210,11 +211,13 @@ impl Client {
         };
         let (parts, body) = response.into_parts();
         let head = self.head(&parts, &body, exchange, closing);
-        drop(parts);
         if head.bodiless {
+            pin!(body).head(parts);
             return Ready::Bodiless(head);
         }
-        Ready::Stream(head, Box::pin(body))
+        let mut body = Box::pin(body);
+        body.as_mut().head(parts);
+        Ready::Stream(head, body)
     }
 }
 

@@ -95,6 +95,12 @@ impl Written for ProxyBody {
             ProxyBody::Own { body } => body.holds_more(),
         }
     }
+
+    fn head(self: Pin<&mut Self>, parts: http::response::Parts) {
+        if let ProxyBodyProj::Timed { body } = self.project() {
+            body.as_mut().head(parts);
+        }
+    }
 }
 
 /// The proxy as a hyper service; cheap to clone per connection.
@@ -154,8 +160,9 @@ impl hyper::service::Service<Request<ClientBody>> for Proxy {
 
     fn call(&self, request: Request<ClientBody>) -> Self::Future {
         let (parts, body) = request.into_parts();
-        // Boxed once, here: every step on the way upstream moves a pointer to it.
-        Box::pin(self.answer(Box::new(parts), body))
+        // Boxed once, here: every step on the way upstream moves a pointer to it. hyper drops
+        // the head once encoded: it is read before it is handed over.
+        Box::pin(self.answer(Box::new(parts), body, false))
     }
 }
 
@@ -170,18 +177,22 @@ impl super::h1::Service for Proxy {
         parts: Box<http::request::Parts>,
         body: ClientBody,
     ) -> impl Future<Output = Result<Response<ProxyBody>, Infallible>> + Send {
-        self.answer(parts, body)
+        // The server hands the response head back once it has encoded it ([`Written::head`]).
+        self.answer(parts, body, true)
     }
 }
 
 impl Proxy {
     /// One request's answer. Not boxed here: the HTTP/1.1 server awaits it in the connection's
     /// own future, where it is made in place; boxed, its state (1.2 KiB) was written beside
-    /// its box and copied in, on every request's way upstream.
+    /// its box and copied in, on every request's way upstream. With `head_back`, the server
+    /// hands the response head to the body once it has encoded it, and the head's fields are
+    /// read after the first write ([`TimedBody::before_head`]).
     fn answer(
         &self,
         parts: Box<http::request::Parts>,
         body: ClientBody,
+        head_back: bool,
     ) -> impl Future<Output = Result<Response<ProxyBody>, Infallible>> + Send + 'static {
         // The request keeps this configuration to its end, whatever a reload does meanwhile.
         let generation = self.generations.current();
@@ -229,13 +240,15 @@ impl Proxy {
             recorder.on_upstream(trip.reused, trip.connect, trip.handed, trip.retries);
             match sent {
                 Ok(response) => {
-                    recorder.on_head(response.status(), response.headers());
                     let (parts, body) = response.into_parts();
-                    let body = Box::pin(TimedBody::new(
-                        body,
-                        recorder,
-                        Some(generation.timeouts.idle),
-                    ));
+                    let idle = Some(generation.timeouts.idle);
+                    let body = Box::pin(if head_back && !body.is_end_stream() {
+                        recorder.on_status(parts.status);
+                        TimedBody::before_head(body, recorder, idle)
+                    } else {
+                        recorder.on_head(parts.status, &parts.headers);
+                        TimedBody::new(body, recorder, idle)
+                    });
                     Ok(Response::from_parts(parts, ProxyBody::Timed { body }))
                 }
                 Err(error) => {
