@@ -218,8 +218,8 @@ impl<B: Body<Data = Bytes>> TimedBody<B> {
     /// fields are read with the first frames, after their write (a body that has already
     /// ended is finished at once, so its head is read by the caller, as for `new`). Reading them
     /// (the engine's timing fields, the content type, the dialect) and dropping the head's map
-    /// were a ninth of the instructions between the upstream's first read and the client's
-    /// first write.
+    /// were a sixth of the instructions between the upstream's first read and the client's
+    /// first write (8,728 of them, callgrind; nginx's whole leg is 8,001).
     pub fn before_head(inner: B, recorder: Recorder, idle: Option<Duration>) -> Self {
         let mut body = TimedBody::new(inner, recorder, idle);
         body.unread.head = Head::Awaited;
