@@ -283,8 +283,7 @@ impl Recorder {
     /// request has its status, so a client gone before the write is recorded with it.
     pub fn on_status(&mut self, status: StatusCode) {
         if let Some(state) = self.state.as_mut() {
-            state.status = Some(status);
-            state.admit = status.is_success();
+            state.on_status(status);
         }
     }
 
@@ -357,9 +356,17 @@ impl Active {
         route
     }
 
+    /// The status, and with it whether the request's model may take a label of its own: only
+    /// a model the upstream answered with success gets one, so names from requests it refused
+    /// (a typo, junk) never take a slot.
+    fn on_status(&mut self, status: StatusCode) {
+        self.status = Some(status);
+        self.admit = status.is_success();
+    }
+
     fn on_head(&mut self, status: StatusCode, headers: &HeaderMap) {
         let pinned = self.route().dialect;
-        self.status = Some(status);
+        self.on_status(status);
         let header = |name| {
             headers
                 .get(name)
@@ -386,9 +393,6 @@ impl Active {
         } else {
             self.read = Read::Opaque;
         }
-        // Only a model the upstream answered with success gets a label of its own: names
-        // from requests it refused (a typo, junk) never take a slot.
-        self.admit = status.is_success();
     }
 
     /// The metric handles, resolved once, when first needed: at the first inter-token gap or
