@@ -360,17 +360,7 @@ mod tests {
         written_after: Option<u64>,
         head_back: bool,
     ) -> (Record, Arc<Meter>) {
-        let mut meter = Meter::detached(1 << 20);
-        let (sink, records) = RecordSink::channel(8, meter.metrics.access_log_dropped.clone());
-        meter.access_log = Some(sink);
-        let meter = Arc::new(meter);
-        let uri: http::Uri = "/v1/chat/completions".parse().unwrap();
-        let mut recorder = Recorder::start(
-            meter.clone(),
-            &http::Method::POST,
-            &uri,
-            &http::HeaderMap::new(),
-        );
+        let (mut recorder, meter, records) = recording();
         recorder.model_slot().decide(Some("m"));
         let mut head = http::Response::new(()).into_parts().0;
         head.headers
@@ -428,6 +418,22 @@ mod tests {
     }
 
     const NEVER: u64 = u64::MAX;
+
+    /// A recorder for a chat request on a meter of its own, and where its record arrives.
+    fn recording() -> (Recorder, Arc<Meter>, std::sync::mpsc::Receiver<Record>) {
+        let mut meter = Meter::detached(1 << 20);
+        let (sink, records) = RecordSink::channel(8, meter.metrics.access_log_dropped.clone());
+        meter.access_log = Some(sink);
+        let meter = Arc::new(meter);
+        let uri: http::Uri = "/v1/chat/completions".parse().unwrap();
+        let recorder = Recorder::start(
+            meter.clone(),
+            &http::Method::POST,
+            &uri,
+            &http::HeaderMap::new(),
+        );
+        (recorder, meter, records)
+    }
 
     impl<B> TimedBody<B> {
         fn frame_is_unread(self: Pin<&mut Self>) -> bool {
@@ -569,18 +575,7 @@ mod tests {
     /// A head awaited but never handed over leaves the request its status.
     #[tokio::test(start_paused = true)]
     async fn a_head_never_handed_over_leaves_the_status() {
-        let meter = Meter::detached(1 << 20);
-        let (sink, records) = RecordSink::channel(8, meter.metrics.access_log_dropped.clone());
-        let mut meter = meter;
-        meter.access_log = Some(sink);
-        let meter = Arc::new(meter);
-        let uri: http::Uri = "/v1/chat/completions".parse().unwrap();
-        let mut recorder = Recorder::start(
-            meter.clone(),
-            &http::Method::POST,
-            &uri,
-            &http::HeaderMap::new(),
-        );
+        let (mut recorder, _meter, records) = recording();
         recorder.on_status(http::StatusCode::SERVICE_UNAVAILABLE);
         let scripted = ScriptedBody {
             steps: vec![(10, chunk("a"))].into(),
