@@ -576,7 +576,9 @@ impl Active {
             {
                 Outcome::Error
             }
-            (End::Complete, Some(s)) if s.is_client_error() => Outcome::ClientError,
+            // 4xx, and a redirect (3xx): the request's own URL or content decided, not the
+            // server's health; `ok` is 2xx only (docs/MEASUREMENT.md).
+            (End::Complete, Some(s)) if !s.is_success() => Outcome::ClientError,
             (End::Complete, _) => match summary {
                 Some(s) if s.error => Outcome::Error,
                 Some(s)

@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use super::client_body::ClientBody;
 use super::connection;
 use super::generation::{Generation, Generations};
-use super::h1;
+use super::http1::server as h1;
 use super::listener::{self, Health};
 use crate::publish::live::{self, RouteView};
 

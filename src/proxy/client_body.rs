@@ -12,7 +12,7 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::net::TcpStream;
 
-use super::codec::{Decoder, Malformed};
+use super::http1::body::{Decoder, Malformed};
 
 /// The most read at once of a request body that did not come with its head.
 const BODY_READ: usize = 16 << 10;

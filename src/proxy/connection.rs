@@ -34,7 +34,7 @@ use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
 use super::client_body::ClientBody;
-use super::h1;
+use super::http1::server as h1;
 use crate::measure::Written;
 
 /// The HTTP/2 connection preface (RFC 9113 §3.4).

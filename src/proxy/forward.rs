@@ -18,17 +18,18 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderValue};
 use http::{Response, Uri, Version};
 use http_body_util::Either;
 use prometheus::IntCounter;
 use tokio::time::Instant;
 
 use super::error::Error;
+use super::http1::client::{Outgoing, PooledBody, Unsent, UpstreamError};
+use super::http1::head::Framing;
+use super::http1::headers;
+use super::http1::pool::{Checkout, ConnectError, Pool};
 use super::request_body::{RequestBody, Retained, Upload};
-use super::upstream::{
-    Checkout, ConnectError, Framing, Outgoing, Pool, PooledBody, Unsent, UpstreamError,
-};
 use crate::config::{Limits, Timeouts, Upstream};
 
 /// Retries by why they were needed, resolved once.
@@ -278,7 +279,12 @@ impl Forwarder {
         parts.uri = Uri::from(path);
         // The upstream speaks HTTP/1.1 whatever the client spoke.
         parts.version = Version::HTTP_11;
-        strip_hop_by_hop(&mut parts.headers);
+        headers::strip_hop_by_hop(&mut parts.headers);
+        // The proxy answers `100 Continue` itself and sends the body at once, so the expectation
+        // goes no further (as nginx does). Forwarded, an upstream that answers a final status
+        // without reading the body and keeps the connection open leaves the body on a pooled
+        // connection, where it prefixes the next user's request (CVE-2024-24791 in Go's proxy).
+        parts.headers.remove(header::EXPECT);
     }
 }
 
@@ -287,88 +293,4 @@ enum Failure {
     TimedOut,
     /// The exchange failed; its head comes back, and its body when none of it was written.
     Upstream(Unsent),
-}
-
-/// Removes a request's headers that belong to one connection (RFC 9110 §7.6.1): those named
-/// by `Connection`, and the fixed set that proxies must not forward (a response's never enter
-/// its map: `upstream::parse_head`). One pass over the names finds which of the fixed set are
-/// there (most requests carry none), and only those are removed: removing by name hashes it, and a name
-/// given as text is parsed on every call (a third of this function's cost when it did).
-pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    const CONNECTION: usize = 0;
-    // Told by their text: a table of the six names to compare with was copied onto the stack
-    // (192 bytes) on every request.
-    let hop = |name: &HeaderName| match name.as_str() {
-        "connection" => Some(CONNECTION),
-        "proxy-connection" => Some(1),
-        "keep-alive" => Some(2),
-        "te" => Some(3),
-        "transfer-encoding" => Some(4),
-        "upgrade" => Some(5),
-        _ => None,
-    };
-    let mut present = [false; 6];
-    let mut any = false;
-    for name in headers.keys() {
-        if let Some(i) = hop(name) {
-            present[i] = true;
-            any = true;
-        }
-    }
-    if !any {
-        return;
-    }
-    if present[CONNECTION] {
-        let named: Vec<HeaderName> = headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-            .collect();
-        for name in named {
-            headers.remove(name);
-        }
-    }
-    const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
-    const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
-    let fixed = [
-        header::CONNECTION,
-        PROXY_CONNECTION,
-        KEEP_ALIVE,
-        header::TE,
-        header::TRANSFER_ENCODING,
-        header::UPGRADE,
-    ];
-    for (name, present) in fixed.into_iter().zip(present) {
-        if present {
-            headers.remove(name);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hop_by_hop_headers_are_removed_and_the_rest_kept() {
-        let mut h = HeaderMap::new();
-        h.insert("connection", HeaderValue::from_static("keep-alive, x-hop"));
-        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
-        h.insert("x-hop", HeaderValue::from_static("1"));
-        h.insert("te", HeaderValue::from_static("trailers"));
-        h.insert("transfer-encoding", HeaderValue::from_static("chunked"));
-        h.insert("upgrade", HeaderValue::from_static("h2c"));
-        h.insert(
-            "content-type",
-            HeaderValue::from_static("text/event-stream"),
-        );
-        h.insert("authorization", HeaderValue::from_static("Bearer x"));
-        h.insert("x-request-id", HeaderValue::from_static("abc"));
-        strip_hop_by_hop(&mut h);
-        let mut left: Vec<_> = h.keys().map(|k| k.as_str()).collect();
-        left.sort();
-        assert_eq!(left, ["authorization", "content-type", "x-request-id"]);
-    }
 }

@@ -137,7 +137,7 @@ where
     S: hyper::service::Service<
             http::Request<super::client_body::ClientBody>,
             Response = http::Response<B>,
-        > + super::h1::Service<Body = B>
+        > + super::http1::server::Service<Body = B>
         + Send
         + 'static,
     <S as hyper::service::Service<http::Request<super::client_body::ClientBody>>>::Future:
@@ -305,7 +305,7 @@ mod tests {
         };
         let make = move |_conn| {
             served.fetch_add(1, Ordering::Relaxed);
-            super::super::h1::Hyper(hyper::service::service_fn(|_request| async {
+            super::super::http1::server::Hyper(hyper::service::service_fn(|_request| async {
                 Ok::<_, Infallible>(http::Response::new(Full::new(bytes::Bytes::from_static(
                     b"ok",
                 ))))

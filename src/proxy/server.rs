@@ -17,10 +17,10 @@ use super::admin;
 use super::connection;
 use super::engine_metrics;
 use super::generation::{Generations, Overrides, Reloaded};
+use super::http1::pool::IDLE_SWEEP;
 use super::listener::{self, Health};
 use super::service::Proxy;
 use super::shard;
-use super::upstream::IDLE_SWEEP;
 use crate::config::{Config, ConfigError};
 
 /// A started proxy: its bound addresses and the handle that drains it.

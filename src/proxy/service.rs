@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::{header, Method, Request, Response, Version};
+use http::{header, HeaderMap, Method, Request, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use pin_project_lite::pin_project;
@@ -22,10 +22,12 @@ use super::client_body::ClientBody;
 use super::error::Error;
 use super::forward::Trip;
 use super::generation::Generations;
+use super::http1::client::PooledBody;
+use super::http1::head::Refusal;
 use super::request_body::{RequestBody, Upload};
-use super::upstream::PooledBody;
 use super::BoxError;
 use crate::measure::{Recorder, TimedBody, Written};
+use crate::policy::outcome::End;
 
 pin_project! {
     /// What the client receives: the upstream's body, timed, or the proxy's own error body.
@@ -168,7 +170,7 @@ impl hyper::service::Service<Request<ClientBody>> for Proxy {
 
 /// The proxy's own HTTP/1.1 server hands it the head boxed as it was parsed, and awaits the
 /// answer in its own future.
-impl super::h1::Service for Proxy {
+impl super::http1::server::Service for Proxy {
     type Body = ProxyBody;
     type Error = Infallible;
 
@@ -179,6 +181,36 @@ impl super::h1::Service for Proxy {
     ) -> impl Future<Output = Result<Response<ProxyBody>, Infallible>> + Send {
         // The server hands the response head back once it has encoded it ([`Written::head`]).
         self.answer(parts, body, true)
+    }
+
+    /// A request the server refused at its head is recorded like any other refusal: the
+    /// client's fault (`client_error`), with the method and path when they parsed.
+    fn refused(&self, refusal: &Refusal) {
+        let generation = self.generations.current();
+        let method = refusal
+            .method
+            .clone()
+            .unwrap_or_else(|| Method::from_bytes(b"-").unwrap_or_default());
+        let uri = refusal
+            .path
+            .as_deref()
+            .and_then(|p| p.parse::<http::Uri>().ok())
+            .unwrap_or_default();
+        let mut recorder =
+            Recorder::start(generation.meter.clone(), &method, &uri, &HeaderMap::new());
+        let reason = match refusal.status {
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE => "head_too_large",
+            StatusCode::NOT_IMPLEMENTED => "not_implemented",
+            _ => "bad_request",
+        };
+        tracing::debug!(status = %refusal.status, why = refusal.reason, "refused a request head");
+        recorder.finish(
+            End::Refused {
+                status: refusal.status,
+                reason,
+            },
+            Instant::now(),
+        );
     }
 }
 

@@ -24,34 +24,26 @@
 //! until its next checkout, which looks (`MSG_PEEK`) whether the server closed it meanwhile, or
 //! the pool's sweep every [`IDLE_SWEEP`], which closes those the server closed or that expired.
 
-use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
-use std::mem::MaybeUninit;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
-use std::time::Duration;
 
-use bytes::{Buf, Bytes, BytesMut};
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Method, Response, StatusCode, Version};
+use bytes::{Bytes, BytesMut};
+use http::header;
+use http::{Method, Response};
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
-use tokio::time::Instant;
 
-use super::codec::{put_field, Decoder, Malformed, WriteQueue};
-use super::lazy_timer::LazyTimer;
-use super::request_body::UpstreamBody;
-use super::shard;
-
-/// How long an idle connection is kept: under the usual keep-alive timeouts of servers (uvicorn
-/// 5 s is the exception, and its early closes are what the retry is for).
-const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
-/// How often the idle connections are swept for those past [`IDLE_TIMEOUT`] or closed by the
-/// server, so that a proxy that has gone quiet after a burst does not keep the burst's sockets.
-pub(crate) const IDLE_SWEEP: Duration = Duration::from_secs(15);
+use super::body::{Decoder, Malformed};
+use super::head::{self, Framing};
+use super::pool::Pool;
+use super::socket;
+use super::write::{put_field, WriteQueue};
+use crate::proxy::lazy_timer::LazyTimer;
+use crate::proxy::request_body::UpstreamBody;
 /// The read buffer's first size, enough for most response heads and several SSE events; it
 /// doubles while reads fill it, up to [`READ_BUFFER_MAX`], and is freed when the connection
 /// goes idle. Each open stream holds one, so it is small (2 KiB here cost 1 KiB more per
@@ -59,8 +51,6 @@ pub(crate) const IDLE_SWEEP: Duration = Duration::from_secs(15);
 const READ_BUFFER_MIN: usize = 1 << 10;
 /// The largest read: response heads must fit in it, and frames handed on are at most this large.
 const READ_BUFFER_MAX: usize = 64 << 10;
-/// Response header fields at most (hyper's limit is 100).
-const MAX_HEADERS: usize = 128;
 
 /// Why an exchange with the upstream failed.
 #[derive(Debug)]
@@ -115,51 +105,6 @@ pub(crate) struct Unsent {
     pub(crate) body: Option<Box<UpstreamBody>>,
 }
 
-/// How a response body is delimited (RFC 9112 §6.3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Framing {
-    Empty,
-    Length(u64),
-    Chunked,
-    Close,
-}
-
-/// The transfer codings an upstream applied besides the final `chunked` (`gzip` of
-/// `Transfer-Encoding: gzip, chunked`), kept in the response's extensions: the field is
-/// hop-by-hop and goes, but the body's bytes stay in those codings, so the client's framing must
-/// name them again.
-#[derive(Debug, Clone)]
-pub(crate) struct TransferCodings(pub(crate) HeaderValue);
-
-impl TransferCodings {
-    /// The codings of a response's `Transfer-Encoding` fields (their values, in order) but a
-    /// last `chunked`, if any.
-    fn of<'a>(fields: impl Iterator<Item = &'a [u8]> + Clone) -> Option<TransferCodings> {
-        // Nearly every response says nothing or just `chunked`: no list to build.
-        let mut first_two = fields.clone();
-        match (first_two.next(), first_two.next()) {
-            (None, _) => return None,
-            (Some(only), None) if only.trim_ascii().eq_ignore_ascii_case(b"chunked") => {
-                return None
-            }
-            _ => {}
-        }
-        let mut codings: Vec<&[u8]> = fields.flat_map(tokens).collect();
-        if codings
-            .last()
-            .is_some_and(|c| c.eq_ignore_ascii_case(b"chunked"))
-        {
-            codings.pop();
-        }
-        if codings.is_empty() {
-            return None;
-        }
-        HeaderValue::from_bytes(&codings.join(&b", "[..]))
-            .ok()
-            .map(TransferCodings)
-    }
-}
-
 /// One upstream connection.
 pub(crate) struct Conn {
     stream: TcpStream,
@@ -180,7 +125,7 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    fn new(stream: TcpStream) -> Conn {
+    pub(super) fn new(stream: TcpStream) -> Conn {
         Conn {
             stream,
             read: BytesMut::new(),
@@ -197,21 +142,23 @@ impl Conn {
         self.received
     }
 
-    /// Whether the server has closed an idle connection (or sent something unasked). The
-    /// connection's last read took all there was, so tokio marked it unreadable; while the
-    /// event loop has seen nothing arrive since, it is open, with no system call (nginx's
-    /// keep-alive cache relies on its event loop the same way). Otherwise one `recv` with
-    /// `MSG_PEEK`, which takes nothing from the socket, says which it was.
-    fn is_open(&self) -> bool {
-        let mut quiet = Context::from_waker(std::task::Waker::noop());
-        if self.stream.poll_read_ready(&mut quiet).is_pending() {
-            return true;
+    /// Whether the server has closed an idle connection (or sent something unasked): see
+    /// [`socket::is_open`] (nginx's keep-alive cache relies on its event loop the same way).
+    pub(super) fn is_open(&self) -> bool {
+        socket::is_open(&self.stream)
+    }
+
+    /// Readies a connection whose exchange ended for the pool: whether it may carry another
+    /// request (the exchange ended cleanly, the response allowed it, nothing unasked was read).
+    /// Its read buffer and the spent request are freed: an idle connection holds its socket.
+    pub(super) fn rest(&mut self) -> bool {
+        self.spent = None;
+        if !self.reusable || !self.read.is_empty() {
+            return false;
         }
-        let mut byte = [MaybeUninit::<u8>::uninit(); 1];
-        match socket2::SockRef::from(&self.stream).peek(&mut byte) {
-            Err(e) => e.kind() == io::ErrorKind::WouldBlock,
-            Ok(_) => false,
-        }
+        self.read = BytesMut::new();
+        self.read_size = READ_BUFFER_MIN;
+        true
     }
 
     /// Reads what the socket has into the buffer; `Ok(0)` is the end of the stream.
@@ -254,8 +201,8 @@ impl Conn {
                 }
             }
             loop {
-                match parse_head(&mut self.read, is_head) {
-                    Err(e) => return Poll::Ready(Err(e)),
+                match head::parse_response(&mut self.read, is_head) {
+                    Err(e) => return Poll::Ready(Err(UpstreamError::Invalid(e.0))),
                     Ok(Some(head)) => return Poll::Ready(Ok(head)),
                     Ok(None) if self.read.len() >= READ_BUFFER_MAX => {
                         return Poll::Ready(Err(UpstreamError::Invalid(
@@ -402,397 +349,6 @@ fn carries_body(method: &Method) -> bool {
         *method,
         Method::GET | Method::HEAD | Method::DELETE | Method::OPTIONS | Method::TRACE
     )
-}
-
-/// Parses a final response head off the front of `buf` (1xx answers are dropped); `None` until
-/// a whole head is buffered. Gives the head, how its body is framed, and whether the
-/// connection may be kept.
-// Not inlined: inlined into the exchange, its 4 KiB of header fields made every request's
-// future 1.6 KiB larger (4,104 bytes against 2,456), copied to the heap on every request.
-#[inline(never)]
-fn parse_head(
-    buf: &mut BytesMut,
-    is_head: bool,
-) -> Result<Option<(Response<()>, Framing, bool)>, UpstreamError> {
-    loop {
-        // Nothing read yet (the request was just sent): no head to look for.
-        if buf.is_empty() {
-            return Ok(None);
-        }
-        // Uninitialised: filling 128 empty fields first cost more than parsing a short head.
-        let mut fields = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
-        let mut parsed = httparse::Response::new(&mut []);
-        let len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
-            &mut parsed,
-            buf,
-            &mut fields,
-        ) {
-            Ok(httparse::Status::Complete(len)) => len,
-            Ok(httparse::Status::Partial) => return Ok(None),
-            Err(httparse::Error::TooManyHeaders) => {
-                return Err(UpstreamError::Invalid("more than 128 header fields"))
-            }
-            Err(_) => return Err(UpstreamError::Invalid("a malformed response head")),
-        };
-        let code = parsed.code.unwrap_or(0);
-        let status = StatusCode::from_u16(code)
-            .map_err(|_| UpstreamError::Invalid("a status code out of range"))?;
-        if status == StatusCode::SWITCHING_PROTOCOLS {
-            return Err(UpstreamError::Invalid(
-                "101 Switching Protocols (no upgrades)",
-            ));
-        }
-        if status.is_informational() {
-            buf.advance(len);
-            continue;
-        }
-        let version = if parsed.version == Some(0) {
-            Version::HTTP_10
-        } else {
-            Version::HTTP_11
-        };
-        // One pass over the fields: the hop-by-hop ones (RFC 9110 §7.6.1) are read here for the
-        // framing and the connection and never enter the map, so nothing is looked up, hashed
-        // or removed again on the way to the client's first byte.
-        let mut headers = HeaderMap::with_capacity(parsed.headers.len());
-        let mut hops = Hops::default();
-        let mut length = false;
-        for field in parsed.headers.iter() {
-            let name = field.name.as_bytes();
-            if hops.read(name, field.value) {
-                continue;
-            }
-            length |= name.eq_ignore_ascii_case(b"content-length");
-            let name = HeaderName::from_bytes(name)
-                .map_err(|_| UpstreamError::Invalid("a header name"))?;
-            let value = HeaderValue::from_bytes(field.value)
-                .map_err(|_| UpstreamError::Invalid("a header value"))?;
-            headers.append(name, value);
-        }
-        let framing = framing(status, is_head, hops.transfer, &headers)?;
-        if length && hops.transfer.is_some() {
-            // The transfer coding wins (RFC 9112 §6.3), or the client would stop reading at
-            // the wrong length.
-            headers.remove(header::CONTENT_LENGTH);
-        }
-        if hops.names_fields {
-            // Fields the upstream named as its connection's own go too.
-            let connection = parsed
-                .headers
-                .iter()
-                .filter(|f| Hop::of(f.name.as_bytes()) == Some(Hop::Connection));
-            for name in connection.flat_map(|f| tokens(f.value)) {
-                if let Ok(name) = HeaderName::from_bytes(name) {
-                    headers.remove(name);
-                }
-            }
-        }
-        let keep_alive = if version == Version::HTTP_10 {
-            hops.keep_alive && !hops.close
-        } else {
-            !hops.close
-        };
-        let mut response = Response::new(());
-        *response.status_mut() = status;
-        *response.version_mut() = version;
-        if framing != Framing::Empty && hops.codings_besides_chunked() {
-            let transfer = parsed
-                .headers
-                .iter()
-                .filter(|f| Hop::of(f.name.as_bytes()) == Some(Hop::TransferEncoding));
-            if let Some(codings) = TransferCodings::of(transfer.map(|f| f.value)) {
-                response.extensions_mut().insert(codings);
-            }
-        }
-        *response.headers_mut() = headers;
-        buf.advance(len);
-        return Ok(Some((response, framing, keep_alive)));
-    }
-}
-
-/// How the body of a response is delimited (RFC 9112 §6.3); `transfer`: its last
-/// `Transfer-Encoding` field.
-fn framing(
-    status: StatusCode,
-    is_head: bool,
-    transfer: Option<&[u8]>,
-    headers: &HeaderMap,
-) -> Result<Framing, UpstreamError> {
-    if is_head || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
-        return Ok(Framing::Empty);
-    }
-    if let Some(last) = transfer {
-        let chunked = last
-            .rsplit(|&b| b == b',')
-            .next()
-            .is_some_and(|c| c.trim_ascii().eq_ignore_ascii_case(b"chunked"));
-        return Ok(if chunked {
-            Framing::Chunked
-        } else {
-            Framing::Close
-        });
-    }
-    let mut length = None;
-    for value in headers.get_all(header::CONTENT_LENGTH) {
-        for part in value.to_str().unwrap_or("x").split(',') {
-            let n: u64 = part
-                .trim()
-                .parse()
-                .map_err(|_| UpstreamError::Invalid("a Content-Length that is not a number"))?;
-            if length.is_some_and(|l| l != n) {
-                return Err(UpstreamError::Invalid("Content-Length values that differ"));
-            }
-            length = Some(n);
-        }
-    }
-    Ok(match length {
-        Some(0) => Framing::Empty,
-        Some(n) => Framing::Length(n),
-        None => Framing::Close,
-    })
-}
-
-/// The fields that belong to one connection and are not forwarded (RFC 9110 §7.6.1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Hop {
-    Connection,
-    TransferEncoding,
-    /// `Keep-Alive`, `Proxy-Connection`, `TE`, `Upgrade`: read by no one here.
-    Other,
-}
-
-impl Hop {
-    fn of(name: &[u8]) -> Option<Hop> {
-        // By length first: most names are none of these, and most lengths match none.
-        let is = |hop: &[u8]| name.eq_ignore_ascii_case(hop);
-        match name.len() {
-            2 if is(b"te") => Some(Hop::Other),
-            7 if is(b"upgrade") => Some(Hop::Other),
-            10 if is(b"connection") => Some(Hop::Connection),
-            10 if is(b"keep-alive") => Some(Hop::Other),
-            16 if is(b"proxy-connection") => Some(Hop::Other),
-            17 if is(b"transfer-encoding") => Some(Hop::TransferEncoding),
-            _ => None,
-        }
-    }
-}
-
-/// What a response head's hop-by-hop fields say.
-#[derive(Default)]
-struct Hops<'a> {
-    /// The last `Transfer-Encoding` field.
-    transfer: Option<&'a [u8]>,
-    /// How many there were (up to 2).
-    transfers: u8,
-    /// `Connection: close`.
-    close: bool,
-    /// `Connection: keep-alive` (what an HTTP/1.0 server says to keep it open).
-    keep_alive: bool,
-    /// `Connection` names other fields, which go too.
-    names_fields: bool,
-}
-
-impl<'a> Hops<'a> {
-    /// Reads a field if it is hop-by-hop (and says so), else leaves it to the caller.
-    fn read(&mut self, name: &[u8], value: &'a [u8]) -> bool {
-        match Hop::of(name) {
-            None => return false,
-            Some(Hop::TransferEncoding) => {
-                self.transfer = Some(value);
-                self.transfers = self.transfers.saturating_add(1).min(2);
-            }
-            Some(Hop::Connection) => {
-                for token in tokens(value) {
-                    if token.eq_ignore_ascii_case(b"close") {
-                        self.close = true;
-                    } else if token.eq_ignore_ascii_case(b"keep-alive") {
-                        self.keep_alive = true;
-                    } else {
-                        self.names_fields = true;
-                    }
-                }
-            }
-            Some(Hop::Other) => {}
-        }
-        true
-    }
-}
-
-impl Hops<'_> {
-    /// Whether `Transfer-Encoding` says more than a lone `chunked` (see [`TransferCodings`]).
-    fn codings_besides_chunked(&self) -> bool {
-        match self.transfer {
-            None => false,
-            Some(only) if self.transfers == 1 => {
-                !only.trim_ascii().eq_ignore_ascii_case(b"chunked")
-            }
-            Some(_) => true,
-        }
-    }
-}
-
-/// The tokens of a comma-separated field value, trimmed, empty ones left out.
-fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
-    value
-        .split(|&b| b == b',')
-        .map(<[u8]>::trim_ascii)
-        .filter(|t| !t.is_empty())
-}
-
-/// A connection taken from the pool (or just made) for one request.
-pub(crate) struct Checkout {
-    /// Boxed for its life, made once per connection: it goes from the pool to the request, to
-    /// its response body and back, a pointer each time.
-    pub(crate) conn: Box<Conn>,
-    /// It carried a request before.
-    pub(crate) reused: bool,
-    /// How long connecting took, for a new connection.
-    pub(crate) connect: Option<Duration>,
-}
-
-struct Idle {
-    conn: Box<Conn>,
-    since: Instant,
-}
-
-/// The idle connections to one upstream, kept per shard: a connection's socket is watched by
-/// the `epoll` of the shard that made it, so only that shard's requests reuse it (another
-/// shard's would be woken through the first one's thread, one more wake-up per frame).
-pub(crate) struct Pool {
-    /// `host:port`.
-    authority: String,
-    connect_timeout: Duration,
-    /// Idle connections kept at most per shard; the oldest is closed when one more comes back.
-    max_idle: usize,
-    /// Oldest at the front.
-    idle: Box<[Mutex<VecDeque<Idle>>]>,
-}
-
-/// Why no connection could be had.
-#[derive(Debug)]
-pub(crate) enum ConnectError {
-    TimedOut(Duration),
-    Io(io::Error),
-}
-
-impl std::fmt::Display for ConnectError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ConnectError::TimedOut(after) => write!(
-                f,
-                "connecting timed out after {}",
-                humantime::format_duration(*after)
-            ),
-            ConnectError::Io(e) => write!(f, "{e}"),
-        }
-    }
-}
-
-impl std::error::Error for ConnectError {}
-
-impl Pool {
-    /// `max_idle`: the idle connections kept per shard (at least one).
-    pub(crate) fn new(authority: String, connect_timeout: Duration, max_idle: usize) -> Pool {
-        Pool {
-            authority,
-            connect_timeout,
-            max_idle: max_idle.max(1),
-            idle: (0..shard::MAX)
-                .map(|_| Mutex::new(VecDeque::new()))
-                .collect(),
-        }
-    }
-
-    /// This shard's idle connections.
-    fn idle(&self) -> &Mutex<VecDeque<Idle>> {
-        &self.idle[shard::current() % self.idle.len()]
-    }
-
-    /// The most recently used idle connection that is still open, else a new one (the
-    /// forwarder does the same in two steps, see [`Pool::reuse`]).
-    #[cfg(test)]
-    pub(crate) async fn checkout(&self) -> Result<Checkout, ConnectError> {
-        match self.reuse() {
-            Some(checkout) => Ok(checkout),
-            None => self.connect().await,
-        }
-    }
-
-    /// The most recently used idle connection that is still open, if any: what
-    /// [`Pool::checkout`] takes first, without waiting (a caller that waits for a new connection
-    /// only when there is none keeps the connecting's state out of every request's future).
-    pub(crate) fn reuse(&self) -> Option<Checkout> {
-        let now = Instant::now();
-        loop {
-            let Idle { conn, since } = self
-                .idle()
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .pop_back()?;
-            if now.saturating_duration_since(since) <= IDLE_TIMEOUT && conn.is_open() {
-                return Some(Checkout {
-                    conn,
-                    reused: true,
-                    connect: None,
-                });
-            }
-        }
-    }
-
-    /// Closes the idle connections, on every shard, that are past [`IDLE_TIMEOUT`] at `now` or
-    /// that the server has closed. Returns how many are left.
-    pub(crate) fn sweep(&self, now: Instant) -> usize {
-        let mut left = 0;
-        for idle in self.idle.iter() {
-            let mut idle = idle.lock().unwrap_or_else(|p| p.into_inner());
-            idle.retain(|i| {
-                now.saturating_duration_since(i.since) <= IDLE_TIMEOUT && i.conn.is_open()
-            });
-            left += idle.len();
-        }
-        left
-    }
-
-    /// A new connection, whatever is idle.
-    pub(crate) async fn connect(&self) -> Result<Checkout, ConnectError> {
-        let started = Instant::now();
-        let connecting = async {
-            let stream = TcpStream::connect(&self.authority)
-                .await
-                .map_err(ConnectError::Io)?;
-            // Without TCP_NODELAY, small SSE writes meet Nagle and delayed ACKs: a 40 ms stall.
-            stream.set_nodelay(true).map_err(ConnectError::Io)?;
-            Ok(Box::new(Conn::new(stream)))
-        };
-        let conn = tokio::time::timeout(self.connect_timeout, connecting)
-            .await
-            .map_err(|_| ConnectError::TimedOut(self.connect_timeout))??;
-        Ok(Checkout {
-            conn,
-            reused: false,
-            connect: Some(started.elapsed()),
-        })
-    }
-
-    /// A connection whose exchange ended cleanly comes back for the next request, its read
-    /// buffer freed (an idle connection holds no memory but its socket).
-    fn checkin(&self, mut conn: Box<Conn>) {
-        conn.spent = None;
-        if !conn.reusable || !conn.read.is_empty() {
-            return;
-        }
-        conn.read = BytesMut::new();
-        conn.read_size = READ_BUFFER_MIN;
-        let mut idle = self.idle().lock().unwrap_or_else(|p| p.into_inner());
-        // The oldest is at the front. Those past their time go in the sweep.
-        if idle.len() >= self.max_idle {
-            idle.pop_front();
-        }
-        idle.push_back(Idle {
-            conn,
-            since: Instant::now(),
-        });
-    }
 }
 
 /// The upstream's response body, read straight from its connection: each frame is a slice of
@@ -953,6 +509,13 @@ mod tests {
     use tokio::io::AsyncWriteExt;
     use tokio::net::TcpListener;
 
+    use std::time::Duration;
+
+    use http::header::HeaderValue;
+    use http::StatusCode;
+    use tokio::time::Instant;
+
+    use super::super::pool::{ConnectError, IDLE_TIMEOUT};
     use super::*;
     use crate::proxy::request_body::ReplayBody;
 
@@ -1343,109 +906,6 @@ mod tests {
             matches!(listener_gone, Err(ConnectError::Io(_))),
             "the closed connection was not reused; connecting anew found no listener"
         );
-    }
-
-    /// Parses one response head (to a GET).
-    fn head(text: &str) -> (Response<()>, Framing, bool) {
-        let mut buf = BytesMut::from(text.as_bytes());
-        let parsed = parse_head(&mut buf, false).unwrap().expect("a whole head");
-        assert!(buf.is_empty(), "the head was consumed: {buf:?}");
-        parsed
-    }
-
-    fn names(response: &Response<()>) -> Vec<&str> {
-        let mut names: Vec<_> = response.headers().keys().map(|k| k.as_str()).collect();
-        names.sort();
-        names
-    }
-
-    #[test]
-    fn a_response_heads_hop_by_hop_fields_are_read_and_left_behind() {
-        let (response, framing, keep_alive) = head(
-            "HTTP/1.1 200 OK\r\nConnection: keep-alive, X-Hop\r\nKeep-Alive: timeout=5\r\n\
-             x-hop: 1\r\nTE: trailers\r\nTransfer-Encoding: chunked\r\nupgrade: h2c\r\n\
-             proxy-connection: keep-alive\r\ncontent-type: text/event-stream\r\n\
-             x-request-id: abc\r\nx-hop-not: 2\r\n\r\n",
-        );
-        assert_eq!(
-            names(&response),
-            ["content-type", "x-hop-not", "x-request-id"]
-        );
-        assert_eq!(framing, Framing::Chunked);
-        assert!(keep_alive);
-        assert!(response.extensions().get::<TransferCodings>().is_none());
-    }
-
-    /// A response with both framings used to reach the client with the Content-Length, which
-    /// cut its body short.
-    #[test]
-    fn transfer_encoding_wins_over_content_length() {
-        for text in [
-            "HTTP/1.1 200 OK\r\ncontent-length: 10\r\ntransfer-encoding: chunked\r\n\r\n",
-            "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\nContent-Length: 10\r\n\r\n",
-        ] {
-            let (response, framing, _) = head(text);
-            assert!(response.headers().is_empty(), "{text}: {response:?}");
-            assert_eq!(framing, Framing::Chunked, "{text}");
-        }
-        let (response, framing, _) = head("HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n");
-        assert_eq!(response.headers()["content-length"], "10");
-        assert_eq!(framing, Framing::Length(10));
-        // Not chunked last: the body runs to the close.
-        let (_, framing, _) = head("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked, gzip\r\n\r\n");
-        assert_eq!(framing, Framing::Close);
-    }
-
-    #[test]
-    fn the_connection_field_says_whether_it_stays_open() {
-        let keeps = |text: &str| head(text).2;
-        assert!(keeps("HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"));
-        assert!(!keeps(
-            "HTTP/1.1 200 OK\r\nconnection: Close\r\ncontent-length: 0\r\n\r\n"
-        ));
-        assert!(!keeps(
-            "HTTP/1.1 200 OK\r\nconnection: x-a, close\r\ncontent-length: 0\r\n\r\n"
-        ));
-        // HTTP/1.0 closes unless it says keep-alive.
-        assert!(!keeps("HTTP/1.0 200 OK\r\ncontent-length: 0\r\n\r\n"));
-        assert!(keeps(
-            "HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ncontent-length: 0\r\n\r\n"
-        ));
-        assert!(!keeps(
-            "HTTP/1.0 200 OK\r\nconnection: keep-alive\r\nconnection: close\r\ncontent-length: 0\r\n\r\n"
-        ));
-    }
-
-    #[test]
-    fn transfer_codings_besides_chunked_are_kept_from_the_head() {
-        let codings = |text: &str| {
-            head(text)
-                .0
-                .extensions()
-                .get::<TransferCodings>()
-                .map(|TransferCodings(v)| v.clone())
-        };
-        let two =
-            "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\ntransfer-encoding: chunked\r\n\r\n";
-        assert_eq!(codings(two).unwrap(), "gzip");
-        let one = "HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n";
-        assert_eq!(codings(one).unwrap(), "gzip");
-        assert!(codings("HTTP/1.1 200 OK\r\ntransfer-encoding:  Chunked \r\n\r\n").is_none());
-    }
-
-    #[test]
-    fn transfer_codings_besides_a_last_chunked_are_kept() {
-        let codings = |fields: &[&'static str]| {
-            TransferCodings::of(fields.iter().map(|f| f.as_bytes())).map(|TransferCodings(v)| v)
-        };
-        assert_eq!(codings(&["gzip, chunked"]).unwrap(), "gzip");
-        assert_eq!(codings(&["gzip", "Chunked"]).unwrap(), "gzip");
-        assert_eq!(codings(&["x-a,gzip ,chunked"]).unwrap(), "x-a, gzip");
-        // Not chunked last: the body runs to the close, and all of them apply.
-        assert_eq!(codings(&["gzip"]).unwrap(), "gzip");
-        assert!(codings(&["chunked"]).is_none());
-        assert!(codings(&[" chunked , "]).is_none());
-        assert!(codings(&[]).is_none());
     }
 
     /// A stream's frames are cut from the connection's read buffer. Made room for while the

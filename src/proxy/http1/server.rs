@@ -28,34 +28,27 @@
 
 use std::future::{poll_fn, Future};
 use std::io;
-use std::mem::MaybeUninit;
 use std::pin::pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::task::{ready, Context, Poll, Wake, Waker};
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Method, Request, Response, StatusCode, Uri, Version};
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Request, Response, Version};
 use http_body::Body;
-use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::client_body::{ClientBody, Handback, Streamed};
-use super::codec::{put_field, Decoder, WriteQueue};
-use super::lazy_timer::LazyTimer;
-use super::upstream::TransferCodings;
-use super::BoxError;
+use super::head::{self, Exchange, Out, Refusal, RequestHead, TransferCodings};
+use super::headers;
+use super::socket::{self, Watcher};
+use super::write::WriteQueue;
 use crate::measure::Written;
-
-/// Request header fields at most (hyper's default too); more is a 431.
-pub(crate) const MAX_HEADERS: usize = 100;
-/// Request header fields whose places a head's parse keeps on the stack: openai-python sends
-/// 15 with a request, browsers about as many.
-const PLACES_INLINE: usize = 24;
+use crate::proxy::client_body::{ClientBody, Handback, Streamed};
+use crate::proxy::lazy_timer::LazyTimer;
+use crate::proxy::BoxError;
 /// The read buffer's first size for a head: most requests' heads (and often their bodies) fit.
 /// It doubles while a head does not fit, up to `limits.max_request_head_bytes`.
 const READ_FIRST: usize = 1 << 10;
@@ -84,6 +77,13 @@ pub(crate) trait Service {
         parts: Box<http::request::Parts>,
         body: ClientBody,
     ) -> impl Future<Output = Result<Response<Self::Body>, Self::Error>> + Send;
+
+    /// The server answered a request itself ([`Refusal`]) before any call: its head did not
+    /// parse, was too large or framed its body in a way that cannot be served. A service that
+    /// keeps records records it here; the connection closes after the answer.
+    fn refused(&self, refusal: &Refusal) {
+        let _ = refusal;
+    }
 }
 
 /// A hyper service, called by this server with the request made whole again (the admin port's
@@ -150,7 +150,8 @@ pub(crate) async fn serve<S>(
             Ok(Some(head)) => head,
             Ok(None) => return,
             Err(refusal) => {
-                client.refuse(refusal, limits.request_head).await;
+                service.refused(&refusal);
+                client.refuse(&refusal, limits.request_head).await;
                 return;
             }
         };
@@ -221,46 +222,6 @@ impl Client {
     }
 }
 
-/// The waker the client's socket holds while a response streams: it notes that the socket
-/// woke the task, then wakes the task.
-struct Watcher {
-    waker: Waker,
-    shared: Arc<WatchWake>,
-    /// The socket holds `waker`: until `shared.woken`, polling it again finds nothing new.
-    armed: bool,
-}
-
-struct WatchWake {
-    woken: AtomicBool,
-    /// The task's waker when the watcher was made (a new one is made if it changes).
-    task: Waker,
-}
-
-impl Watcher {
-    fn new(task: &Waker) -> Watcher {
-        let shared = Arc::new(WatchWake {
-            woken: AtomicBool::new(false),
-            task: task.clone(),
-        });
-        Watcher {
-            waker: Waker::from(Arc::clone(&shared)),
-            shared,
-            armed: false,
-        }
-    }
-}
-
-impl Wake for WatchWake {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.woken.store(true, Ordering::Release);
-        self.task.wake_by_ref();
-    }
-}
-
 /// The service's answer made ready to write.
 enum Ready<B> {
     Close,
@@ -274,33 +235,6 @@ struct ReadyHead {
     framing: Out,
     keep: bool,
     bodiless: bool,
-}
-
-/// What the response depends on in the request.
-#[derive(Debug, Clone, Copy)]
-struct Exchange {
-    version: Version,
-    head_method: bool,
-    keep_alive: bool,
-    trailers: bool,
-}
-
-/// A parsed request head and how its body is framed.
-struct Head {
-    /// Boxed where it is parsed, for its way to the upstream (see [`Service`]).
-    parts: Box<http::request::Parts>,
-    body: Decoder,
-    expect_continue: bool,
-    exchange: Exchange,
-}
-
-/// Why a request is answered by the connection itself and the connection closed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Refusal {
-    BadRequest,
-    TooLarge,
-    /// A transfer coding other than `chunked`.
-    NotImplemented,
 }
 
 /// The client's connection: the socket (shared with a request body that reads it) and what was
@@ -343,9 +277,7 @@ impl Client {
                     // came after this read is not lost: the event loop has not run since, and
                     // new bytes raise a new edge-triggered event.
                     if n > 0 && n < space {
-                        let _ = self.stream.try_io(Interest::READABLE, || {
-                            Err::<(), _>(io::ErrorKind::WouldBlock.into())
-                        });
+                        socket::forget_readable(&self.stream);
                     }
                     return Poll::Ready(Ok(n));
                 }
@@ -362,7 +294,7 @@ impl Client {
         limits: &Limits,
         shutdown: &mut watch::Receiver<bool>,
         closing: &mut bool,
-    ) -> Result<Option<Head>, Refusal> {
+    ) -> Result<Option<RequestHead>, Refusal> {
         let mut deadline = if self.read.is_empty() {
             Instant::now() + limits.client_idle
         } else {
@@ -370,7 +302,7 @@ impl Client {
         };
         loop {
             if !self.read.is_empty() {
-                if let Some(head) = parse_head(&mut self.read)? {
+                if let Some(head) = head::parse_request(&mut self.read)? {
                     if self.read.is_empty() {
                         // Whatever is left of the allocation goes with the head's bytes.
                         self.read = BytesMut::new();
@@ -378,7 +310,7 @@ impl Client {
                     return Ok(Some(head));
                 }
                 if self.read.len() >= self.max_head {
-                    return Err(Refusal::TooLarge);
+                    return Err(Refusal::too_large());
                 }
             }
             if self.eof || (*closing && self.read.is_empty()) {
@@ -399,7 +331,9 @@ impl Client {
                             deadline = Instant::now() + limits.request_head;
                         }
                     }
-                    Err(_) if self.read.len() >= self.max_head => return Err(Refusal::TooLarge),
+                    Err(_) if self.read.len() >= self.max_head => {
+                        return Err(Refusal::too_large())
+                    }
                     Err(_) => return Ok(None),
                 },
                 () = poll_fn(|cx| timer.poll_until(until, cx)) => return Ok(None),
@@ -415,8 +349,8 @@ impl Client {
 
     /// The request for the service: its body is what came with the head when all of it did,
     /// otherwise read from the socket as the upstream takes it.
-    fn request(&mut self, head: Head) -> (Box<http::request::Parts>, ClientBody) {
-        let Head {
+    fn request(&mut self, head: RequestHead) -> (Box<http::request::Parts>, ClientBody) {
+        let RequestHead {
             parts,
             mut body,
             expect_continue,
@@ -494,8 +428,8 @@ impl Client {
     /// tenth of forwarding the frame.
     fn poll_watched(&mut self, cx: &mut Context<'_>, watcher: &mut Option<Watcher>) -> Poll<()> {
         let watcher = match watcher {
-            Some(w) if w.shared.task.will_wake(cx.waker()) => {
-                if w.armed && !w.shared.woken.swap(false, Ordering::AcqRel) {
+            Some(w) if w.wakes(cx.waker()) => {
+                if w.armed && !w.take_woken() {
                     return Poll::Pending;
                 }
                 w
@@ -503,7 +437,7 @@ impl Client {
             _ => watcher.insert(Watcher::new(cx.waker())),
         };
         watcher.armed = false;
-        let polled = self.poll_watch(&mut Context::from_waker(&watcher.waker));
+        let polled = self.poll_watch(&mut Context::from_waker(watcher.waker()));
         // Pending with the read side here: the socket holds the watcher's waker (or a
         // pipelined head fills the buffer, which only the response's end changes).
         watcher.armed = polled.is_pending() && self.reading;
@@ -520,29 +454,18 @@ impl Client {
         closing: bool,
     ) -> ReadyHead {
         let status = parts.status;
-        let declared = parts
-            .headers
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok());
-        let no_content = status.is_informational()
-            || status == StatusCode::NO_CONTENT
-            || status == StatusCode::NOT_MODIFIED;
-        // A HEAD response says the length a GET would have, when it is known.
-        let framing = match (declared, body.size_hint().exact()) {
-            _ if no_content => Out::None,
-            (Some(n), _) => Out::Length(n),
-            (None, Some(n)) => Out::Exact(n),
-            (None, None) if exchange.head_method => Out::None,
-            (None, None) if exchange.version == Version::HTTP_11 => Out::Chunked,
-            (None, None) => Out::Close,
-        };
+        // A length that does not parse is none: the body's own size or chunks frame it.
+        let lengths = parts.headers.get_all(header::CONTENT_LENGTH).iter();
+        let declared = headers::content_length(lengths.map(HeaderValue::as_bytes))
+            .ok()
+            .flatten();
+        let framing = Out::of(status, declared, body.size_hint().exact(), exchange);
         self.reclaim();
         let keep = exchange.keep_alive && !closing && framing != Out::Close && self.reading;
         // Room for the head and two frames from the start, instead of growing it while the
         // first frames go out.
         let mut writer = WriteQueue::with_capacity(8);
-        writer.bytes(encode_head(
+        writer.bytes(head::encode_response(
             exchange.version,
             status,
             &parts.headers,
@@ -555,7 +478,7 @@ impl Client {
             writer,
             framing,
             keep,
-            bodiless: exchange.head_method || no_content,
+            bodiless: exchange.head_method || head::no_body(status),
         }
     }
 
@@ -678,16 +601,11 @@ impl Client {
     }
 
     /// Answers a head that cannot be served, and the connection closes.
-    async fn refuse(&mut self, refusal: Refusal, within: Duration) {
-        let status = match refusal {
-            Refusal::BadRequest => StatusCode::BAD_REQUEST,
-            Refusal::TooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            Refusal::NotImplemented => StatusCode::NOT_IMPLEMENTED,
-        };
+    async fn refuse(&mut self, refusal: &Refusal, within: Duration) {
         let mut writer = WriteQueue::default();
-        writer.bytes(encode_head(
+        writer.bytes(head::encode_response(
             Version::HTTP_11,
-            status,
+            refusal.status,
             &HeaderMap::new(),
             Out::Exact(0),
             false,
@@ -698,287 +616,8 @@ impl Client {
     }
 }
 
-/// How a response body is framed on the wire.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Out {
-    /// No body (HEAD, 1xx, 204, 304).
-    None,
-    /// The response's own `Content-Length`.
-    Length(u64),
-    /// A size the body knows: `Content-Length` added.
-    Exact(u64),
-    Chunked,
-    /// Until the connection closes (HTTP/1.0 without a known length).
-    Close,
-}
-
-/// The most [`encode_head`] writes besides the fields, the reason phrase and the transfer
-/// codings: `HTTP/1.1 200 ` and CRLF (15), a `date` field (37), the longest framing field
-/// (`content-length` with 20 digits, 38), `connection: keep-alive` (24) and the blank line (2).
-const ADDED_FIELDS: usize = 15 + 37 + 38 + 24 + 2;
-
-/// The response head, with the fields the framing and the connection need.
-///
-/// `codings`: transfer codings the body's bytes are in besides chunked (see
-/// [`TransferCodings`]), named before `chunked`. An HTTP/1.0 client, which has no transfer
-/// codings, gets the bytes as they are.
-fn encode_head(
-    version: Version,
-    status: StatusCode,
-    headers: &HeaderMap,
-    framing: Out,
-    keep: bool,
-    asked_keep_alive: bool,
-    codings: Option<&TransferCodings>,
-) -> Bytes {
-    // Room for all of it at once: the status line, the fields, and what is added below (a
-    // date, the framing, `connection`). Sized for the fields alone, a chunked answer with a date
-    // outgrew it and was reallocated and copied on its way to the client's first byte.
-    let reason = status.canonical_reason().unwrap_or("");
-    let codings_len = codings.map_or(0, |TransferCodings(c)| c.len() + 2);
-    let mut out = Vec::with_capacity(
-        ADDED_FIELDS
-            + reason.len()
-            + codings_len
-            + headers
-                .iter()
-                .map(|(n, v)| n.as_str().len() + v.len() + 4)
-                .sum::<usize>(),
-    );
-    let room = out.capacity();
-    out.extend_from_slice(if version == Version::HTTP_10 {
-        b"HTTP/1.0 "
-    } else {
-        b"HTTP/1.1 "
-    });
-    out.extend_from_slice(status.as_str().as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(reason.as_bytes());
-    out.extend_from_slice(b"\r\n");
-    // Whether the answer has a date, seen on the way: a lookup would hash the name again.
-    let mut dated = false;
-    for (name, value) in headers {
-        if name == header::TRANSFER_ENCODING || name == header::CONNECTION {
-            continue;
-        }
-        if name == header::CONTENT_LENGTH && framing == Out::Chunked {
-            continue;
-        }
-        dated |= name == header::DATE;
-        put_field(&mut out, name, value);
-    }
-    if !dated {
-        out.extend_from_slice(b"date: ");
-        date::write(&mut out);
-        out.extend_from_slice(b"\r\n");
-    }
-    match framing {
-        Out::Exact(n) => {
-            out.extend_from_slice(b"content-length: ");
-            out.extend_from_slice(n.to_string().as_bytes());
-            out.extend_from_slice(b"\r\n");
-        }
-        Out::Chunked => {
-            out.extend_from_slice(b"transfer-encoding: ");
-            if let Some(TransferCodings(codings)) = codings {
-                out.extend_from_slice(codings.as_bytes());
-                out.extend_from_slice(b", ");
-            }
-            out.extend_from_slice(b"chunked\r\n");
-        }
-        Out::None | Out::Length(_) | Out::Close => {}
-    }
-    if !keep {
-        out.extend_from_slice(b"connection: close\r\n");
-    } else if version == Version::HTTP_10 && asked_keep_alive {
-        out.extend_from_slice(b"connection: keep-alive\r\n");
-    }
-    out.extend_from_slice(b"\r\n");
-    debug_assert!(
-        out.len() <= room,
-        "the head outgrew its buffer: {} > {room}",
-        out.len()
-    );
-    Bytes::from(out)
-}
-
-/// The `date` field's value, formatted once a second per thread.
-mod date {
-    use std::cell::RefCell;
-    use std::time::{SystemTime, UNIX_EPOCH};
-
-    thread_local! {
-        static CACHED: RefCell<(u64, String)> = const { RefCell::new((u64::MAX, String::new())) };
-    }
-
-    pub(super) fn write(out: &mut Vec<u8>) {
-        let now = SystemTime::now();
-        let second = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        CACHED.with(|cached| {
-            let mut cached = cached.borrow_mut();
-            if cached.0 != second {
-                *cached = (second, httpdate::fmt_http_date(now));
-            }
-            out.extend_from_slice(cached.1.as_bytes());
-        });
-    }
-}
-
-/// Parses a request head at the front of `buf`, taking it off; `None` while it is incomplete.
-fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, Refusal> {
-    let mut fields = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
-    let mut parsed = httparse::Request::new(&mut []);
-    let length = match httparse::ParserConfig::default().parse_request_with_uninit_headers(
-        &mut parsed,
-        buf,
-        &mut fields,
-    ) {
-        Ok(httparse::Status::Complete(length)) => length,
-        Ok(httparse::Status::Partial) => return Ok(None),
-        Err(httparse::Error::TooManyHeaders) => return Err(Refusal::TooLarge),
-        Err(_) => return Err(Refusal::BadRequest),
-    };
-    // Where each part lies in the buffer, so the parts can be slices of the frozen head.
-    let base = buf.as_ptr() as usize;
-    let span = |part: &[u8]| {
-        let start = part.as_ptr() as usize - base;
-        start..start + part.len()
-    };
-    let method = Method::from_bytes(parsed.method.unwrap_or("").as_bytes())
-        .map_err(|_| Refusal::BadRequest)?;
-    let path = span(parsed.path.unwrap_or("").as_bytes());
-    let version = if parsed.version == Some(0) {
-        Version::HTTP_10
-    } else {
-        Version::HTTP_11
-    };
-    // Where each field's name and value lie (the fields borrow `buf`, which the split below
-    // takes): on the stack for as many fields as most requests carry, in a vector beyond. A
-    // table for all of `MAX_HEADERS` was 1.6 KiB zeroed on every request.
-    let count = parsed.headers.len();
-    let mut inline = [[0u32; 4]; PLACES_INLINE];
-    let mut spilled = Vec::new();
-    let places = if count <= PLACES_INLINE {
-        &mut inline[..count]
-    } else {
-        spilled.resize(count, [0u32; 4]);
-        &mut spilled[..]
-    };
-    for (place, field) in places.iter_mut().zip(parsed.headers.iter()) {
-        let (name, value) = (span(field.name.as_bytes()), span(field.value));
-        *place = [name.start, name.end, value.start, value.end].map(|i| i as u32);
-    }
-    let head = buf.split_to(length).freeze();
-    let uri = Uri::from_maybe_shared(head.slice(path)).map_err(|_| Refusal::BadRequest)?;
-    // One pass builds the map and reads what the connection needs from it: the map's own
-    // lookups hashed a name each time, six times a request.
-    let mut headers = HeaderMap::with_capacity(count);
-    let (mut close, mut keep_alive_asked, mut transfer_coded) = (false, false, false);
-    let (mut expect_continue, mut trailers) = (false, false);
-    let (mut length, mut length_bad): (Option<u64>, bool) = (None, false);
-    for &[name_start, name_end, start, end] in places.iter() {
-        let name = HeaderName::from_bytes(&head[name_start as usize..name_end as usize])
-            .map_err(|_| Refusal::BadRequest)?;
-        let value = HeaderValue::from_maybe_shared(head.slice(start as usize..end as usize))
-            .map_err(|_| Refusal::BadRequest)?;
-        let tokens = || {
-            value
-                .to_str()
-                .into_iter()
-                .flat_map(|v| v.split(','))
-                .map(str::trim)
-        };
-        if name == header::CONNECTION {
-            for token in tokens() {
-                close |= token.eq_ignore_ascii_case("close");
-                keep_alive_asked |= token.eq_ignore_ascii_case("keep-alive");
-            }
-        } else if name == header::TRANSFER_ENCODING {
-            transfer_coded = true;
-        } else if name == header::CONTENT_LENGTH {
-            // Judged below, unless a transfer coding frames the body instead.
-            let items = value.to_str().map(|v| v.split(',').map(str::trim));
-            for item in items.into_iter().flatten() {
-                let n = item
-                    .bytes()
-                    .all(|b| b.is_ascii_digit())
-                    .then(|| item.parse::<u64>().ok())
-                    .flatten();
-                match n {
-                    Some(n) if length.is_none_or(|l| l == n) => length = Some(n),
-                    _ => length_bad = true,
-                }
-            }
-            length_bad |= value.to_str().is_err();
-        } else if name == header::EXPECT {
-            // The first `Expect` decides, as a lookup of the field would.
-            if !headers.contains_key(header::EXPECT) {
-                expect_continue = value.as_bytes().eq_ignore_ascii_case(b"100-continue");
-            }
-        } else if name == header::TE {
-            trailers |= tokens().any(|t| t.eq_ignore_ascii_case("trailers"));
-        }
-        headers.append(name, value);
-    }
-    let expect_continue = expect_continue && version == Version::HTTP_11;
-    let mut keep_alive = if version == Version::HTTP_10 {
-        keep_alive_asked
-    } else {
-        !close
-    };
-    let chunked = if transfer_coded {
-        if version == Version::HTTP_10 {
-            return Err(Refusal::BadRequest);
-        }
-        // Only `chunked`, once: a body in another coding would reach the upstream without it
-        // (the field is hop-by-hop), so such a request is not served (RFC 9112 §6.1: 501).
-        let mut codings = headers
-            .get_all(header::TRANSFER_ENCODING)
-            .iter()
-            .flat_map(|v| v.to_str().unwrap_or("?").split(','))
-            .map(str::trim)
-            .filter(|c| !c.is_empty());
-        match (codings.next(), codings.next()) {
-            (Some(c), None) if c.eq_ignore_ascii_case("chunked") => true,
-            _ => return Err(Refusal::NotImplemented),
-        }
-    } else {
-        false
-    };
-    let body = if chunked {
-        if headers.remove(header::CONTENT_LENGTH).is_some() {
-            // Both: the chunked framing wins and the length goes, so the upstream cannot read
-            // the body by it; the connection ends after the response (RFC 9112 §6.3).
-            keep_alive = false;
-        }
-        Decoder::chunked()
-    } else if length_bad {
-        return Err(Refusal::BadRequest);
-    } else {
-        Decoder::length(length.unwrap_or(0))
-    };
-    let head_method = method == Method::HEAD;
-    // `Parts` can only be had from a `Request`; an empty one is made in its box and filled.
-    let mut parts = Box::new(Request::new(()).into_parts().0);
-    parts.method = method;
-    parts.uri = uri;
-    parts.version = version;
-    parts.headers = headers;
-    Ok(Some(Head {
-        parts,
-        body,
-        expect_continue,
-        exchange: Exchange {
-            version,
-            head_method,
-            keep_alive,
-            trailers,
-        },
-    }))
-}
-
 /// The end of a body: for a chunked one, the last chunk and the trailers if the client takes
-/// them.
+/// them ([`head::encode_last_chunk`]).
 fn end_body(
     queue: &mut WriteQueue,
     framing: Out,
@@ -988,16 +627,9 @@ fn end_body(
     if framing != Out::Chunked {
         return;
     }
-    match trailers.filter(|t| send_trailers && !t.is_empty()) {
+    match head::encode_last_chunk(trailers, send_trailers) {
         None => queue.fixed(b"0\r\n\r\n"),
-        Some(trailers) => {
-            let mut out = b"0\r\n".to_vec();
-            for (name, value) in &trailers {
-                put_field(&mut out, name, value);
-            }
-            out.extend_from_slice(b"\r\n");
-            queue.bytes(Bytes::from(out));
-        }
+        Some(last) => queue.bytes(last),
     }
 }
 
@@ -1010,6 +642,7 @@ mod tests {
     use std::pin::Pin;
     use std::sync::atomic::{AtomicBool, Ordering};
 
+    use http::StatusCode;
     use http_body::Frame;
     use http_body_util::BodyExt;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -1023,7 +656,7 @@ mod tests {
     #[test]
     fn a_head_has_one_date_the_upstreams_if_it_sent_one() {
         let text = |headers: &HeaderMap| {
-            let head = encode_head(
+            let head = head::encode_response(
                 Version::HTTP_11,
                 StatusCode::OK,
                 headers,
@@ -1211,14 +844,17 @@ mod tests {
     /// carries fewer fields than are placed on the stack or more.
     #[test]
     fn heads_with_few_or_many_fields_keep_every_field() {
-        for fields in [1, PLACES_INLINE, PLACES_INLINE + 1, MAX_HEADERS] {
+        for fields in [1, 24, 25, headers::MAX_HEADERS] {
             let mut text = String::from("POST /v1/x?y=1 HTTP/1.1\r\nhost: h\r\n");
             for i in 1..fields {
                 text.push_str(&format!("x-field-{i}: value {i}\r\n"));
             }
             text.push_str("\r\nbody");
             let mut buf = BytesMut::from(text.as_bytes());
-            let head = parse_head(&mut buf).ok().flatten().expect("a head");
+            let head = head::parse_request(&mut buf)
+                .ok()
+                .flatten()
+                .expect("a head");
             assert_eq!(&buf[..], b"body");
             assert_eq!(head.parts.uri, "/v1/x?y=1");
             assert_eq!(head.parts.headers.len(), fields, "{fields} fields");

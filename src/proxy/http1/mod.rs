@@ -1,0 +1,24 @@
+//! HTTP/1.1, the proxy's own, by concern (as hyper's `proto/h1` and pingora's `http/v1` are):
+//! every rule the proxy applies to HTTP/1.1 bytes is in this module, once.
+//!
+//! | module | holds |
+//! |---|---|
+//! | [`headers`] | every header-field rule both sides use: `Content-Length`, `Transfer-Encoding`, `Connection`, hop-by-hop fields, trailer fields, the field count |
+//! | [`head`] | request and response heads: start lines, targets, which framing a head gives its body |
+//! | [`body`] | bodies on the way in: the length, chunked and close-delimited decoder |
+//! | [`write`] | what goes out: heads and bodies (chunk framing) gathered into vectored writes |
+//! | [`socket`] | the places the stack goes around tokio's socket API, each pinned by a test |
+//! | [`server`] | the server side: a client's connection, its requests and the answers |
+//! | [`client`] | the client side: a request to the model server and its response body |
+//! | [`pool`] | the model server's keep-alive connections |
+//!
+//! HTTP/2 is hyper's (`proxy/connection.rs`); the rules there are hyper's own.
+
+pub(crate) mod body;
+pub(crate) mod client;
+pub(crate) mod head;
+pub(crate) mod headers;
+pub(crate) mod pool;
+pub(crate) mod server;
+pub(crate) mod socket;
+pub(crate) mod write;
