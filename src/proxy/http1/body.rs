@@ -324,7 +324,9 @@ fn trailers(section: &[u8]) -> Result<HeaderMap, Malformed> {
     const BAD: Malformed = Malformed("a malformed trailer field");
     let mut fields = [httparse::EMPTY_HEADER; MAX_TRAILERS];
     let parsed = match httparse::parse_headers(section, &mut fields) {
-        Ok(httparse::Status::Complete((_, parsed))) => parsed,
+        // All of the section, up to its CRLF CRLF: a bare LF that ended it sooner is malformed.
+        Ok(httparse::Status::Complete((len, parsed))) if len == section.len() => parsed,
+        Ok(httparse::Status::Complete(_)) => return Err(BAD),
         Ok(httparse::Status::Partial) => return Err(BAD),
         Err(httparse::Error::TooManyHeaders) => return Err(Malformed("too many trailer fields")),
         Err(_) => return Err(BAD),

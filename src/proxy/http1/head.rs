@@ -191,13 +191,16 @@ pub(crate) fn parse_request(buf: &mut BytesMut) -> Result<Option<RequestHead>, R
         Decoder::chunked()
     } else {
         let values = headers.get_all(header::CONTENT_LENGTH).iter();
+        // A list in one field (`5, 5`) is refused, as hyper and nginx refuse it; the same
+        // length in several fields goes on as one field (RFC 9110 §8.6 allows either).
+        let listed = headers.get_all(header::CONTENT_LENGTH).iter();
+        if listed.into_iter().any(|v| v.as_bytes().contains(&b',')) {
+            return Err(refuse("a Content-Length list"));
+        }
         let length = headers::content_length(values.map(HeaderValue::as_bytes))
             .map_err(|Invalid(why)| refuse(why))?;
-        if let Some(n) = length {
-            // `5, 5` or two fields of 5: one field of one value goes on (RFC 9110 §8.6).
-            if lengths > 1 || headers[header::CONTENT_LENGTH].as_bytes().contains(&b',') {
-                headers.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
-            }
+        if let (Some(n), true) = (length, lengths > 1) {
+            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
         }
         Decoder::length(length.unwrap_or(0))
     };
@@ -519,6 +522,11 @@ pub(crate) fn parse_response(
         let bodiless =
             is_head || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED;
         let mut codings = None;
+        let faulty = transfer_coded && version == Version::HTTP_10;
+        if faulty && !bodiless {
+            // Faulty framing (RFC 9112 §6.1): not read, and the connection not kept.
+            return Err(Invalid("Transfer-Encoding in an HTTP/1.0 response"));
+        }
         let framing = if transfer_coded {
             // The transfer coding wins over a length (RFC 9112 §6.3), which goes, or the client
             // would stop reading at the wrong place.
@@ -559,10 +567,8 @@ pub(crate) fn parse_response(
                 .map(|f| f.value);
             headers::remove_named(&mut headers, named);
         }
-        // An HTTP/1.0 message with Transfer-Encoding has faulty framing: the connection closes
-        // after it (RFC 9112 §6.1).
-        let keep_alive = connection.persists(version == Version::HTTP_10)
-            && !(transfer_coded && version == Version::HTTP_10);
+        // A bodiless answer with faulty framing is read (it has no body) but closes after.
+        let keep_alive = connection.persists(version == Version::HTTP_10) && !faulty;
         let mut response = Response::new(());
         *response.status_mut() = status;
         *response.version_mut() = version;
@@ -612,12 +618,13 @@ mod tests {
         }
     }
 
-    /// `Content-Length: 5, 5` went on as it came: one field of one value goes on, or a 400.
+    /// `Content-Length: 5, 5` went on as it came: a list is refused, as hyper and nginx refuse
+    /// it, and two fields of one value go on as one.
     #[test]
     fn a_repeated_length_goes_on_as_one_value() {
         for text in [
-            "POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 5, 5\r\n\r\n",
             "POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\nContent-Length: 5\r\n\r\n",
+            "POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 05\r\nContent-Length: 5\r\n\r\n",
         ] {
             let head = request(text).unwrap();
             let values: Vec<_> = head
@@ -630,6 +637,7 @@ mod tests {
             assert_eq!(head.body.left(), Some(5));
         }
         for text in [
+            "POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 5, 5\r\n\r\n",
             "POST / HTTP/1.1\r\nhost: x\r\ncontent-length: +5\r\n\r\n",
             "POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 5, 6\r\n\r\n",
             "POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\n",
@@ -777,10 +785,12 @@ mod tests {
         assert!(!keeps(
             "HTTP/1.0 200 OK\r\nconnection: keep-alive\r\nconnection: close\r\ncontent-length: 0\r\n\r\n"
         ));
-        // HTTP/1.0 with Transfer-Encoding: faulty framing, never kept (RFC 9112 §6.1).
-        assert!(!keeps(
+        // HTTP/1.0 with Transfer-Encoding: faulty framing, not read (RFC 9112 §6.1); it stayed
+        // in the pool.
+        assert!(response(
             "HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ntransfer-encoding: chunked\r\n\r\n"
-        ));
+        )
+        .is_err());
     }
 
     /// A status outside 100-599 was forwarded (and 600 recorded `ok`).

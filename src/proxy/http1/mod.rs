@@ -22,3 +22,6 @@ pub(crate) mod pool;
 pub(crate) mod server;
 pub(crate) mod socket;
 pub(crate) mod write;
+
+#[cfg(test)]
+mod differential;

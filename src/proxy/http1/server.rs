@@ -1071,7 +1071,7 @@ mod tests {
             read_to_close(&mut client).await
         };
         let got = answer(
-            b"POST /a HTTP/1.1\r\nhost: x\r\ncontent-length: 3, 3\r\nconnection: close\r\n\r\nabc",
+            b"POST /a HTTP/1.1\r\nhost: x\r\ncontent-length: 3\r\ncontent-length: 3\r\nconnection: close\r\n\r\nabc",
         )
         .await;
         assert!(got.starts_with("HTTP/1.1 200 "), "{got}");
@@ -1081,6 +1081,7 @@ mod tests {
             &b"POST /b HTTP/1.1\r\nhost: x\r\ncontent-length: 3\r\ncontent-length: 4\r\n\r\nabcd"[..],
             b"POST /b HTTP/1.1\r\nhost: x\r\ncontent-length: 3x\r\n\r\nabc",
             b"POST /b HTTP/1.1\r\nhost: x\r\ncontent-length: 3,\r\n\r\nabc",
+            b"POST /b HTTP/1.1\r\nhost: x\r\ncontent-length: 3, 3\r\n\r\nabc",
         ] {
             let got = answer(refused).await;
             assert!(got.starts_with("HTTP/1.1 400 "), "{got}");
