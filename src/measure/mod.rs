@@ -13,4 +13,4 @@ mod timed_body;
 pub use meter::Meter;
 pub(crate) use model_slot::ModelSlot;
 pub use recorder::Recorder;
-pub use timed_body::{TimedBody, TimedBodyError, Written};
+pub use timed_body::{TimedBody, TimedBodyError};

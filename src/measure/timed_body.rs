@@ -6,13 +6,13 @@
 //! finishes the recorder exactly once: at the end, on an upstream error, or (through the
 //! recorder's `Drop`) when the client goes away and hyper drops the body.
 //!
-//! A server that says when what it was handed has been written ([`Written`], the proxy's own
-//! HTTP/1.1 server) lets the body read a frame then, after the write: the frame is still stamped
-//! when it is handed on, but its parsing and accounting are off the path from the upstream's
-//! socket to the client's, where they added to every token's latency and most to the first's.
-//! Such a server also hands the response's head back once it has encoded it
-//! ([`Written::head`]), and a body made [`TimedBody::before_head`] reads the head's fields
-//! with the first frames, after their write, rather than on the way to the first token.
+//! A server that says when what it was handed has been written (the proxy's own HTTP/1.1
+//! server, through [`TimedBody::written`]) lets a body made [`TimedBody::read_after_writes`] read
+//! a frame then, after the write: the frame is still stamped when it is handed on, but its
+//! parsing and accounting are off the path from the upstream's socket to the client's, where
+//! they would add to every token's latency and most to the first's. Such a server also hands the
+//! response's head back once it has encoded it ([`TimedBody::hand_head`]), and the head's fields
+//! are read with the first frames, after their write.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -41,7 +41,7 @@ pin_project! {
         // boxed: checked on every wait, one heap object fewer to reach.
         #[pin]
         timer: Option<Sleep>,
-        // Whether frames may be read after they are written ([`Written::defer`]).
+        // Whether frames are read after they are written ([`TimedBody::read_after_writes`]).
         defer: bool,
         // Frames handed on and not read yet.
         unread: Unread,
@@ -74,7 +74,7 @@ enum Head {
     /// Read (or never to be read: the head was not handed over).
     #[default]
     Read,
-    /// To be handed over by the server ([`Written::head`]).
+    /// To be handed over by the server ([`TimedBody::hand_head`]).
     Awaited,
     /// Handed over, to be read before the first frame.
     Held(http::response::Parts),
@@ -113,52 +113,31 @@ impl Unread {
     }
 }
 
-/// A response body told by its server when what it handed on has been written to the client.
-pub trait Written {
-    /// The server will call [`Written::written`] after each write: the body may leave its
-    /// reading of a frame until then.
-    fn defer(self: Pin<&mut Self>) {}
-    /// Everything handed on so far has been written.
-    fn written(self: Pin<&mut Self>) {}
-    /// Whether the body may have another frame ready without waiting for its source: when
-    /// not, the server writes what it has before it polls again (the poll that finds nothing
-    /// and waits, and a timed body's first wait, then come after the write). As if it had, by
-    /// default: the server polls until the body waits.
-    fn holds_more(&self) -> bool {
-        true
-    }
-    /// The server has encoded the response's head and hands it over, before it polls the body;
-    /// a body that awaits it reads it after the first write. Dropped by default.
-    fn head(self: Pin<&mut Self>, parts: http::response::Parts) {
-        drop(parts);
-    }
-}
-
-/// A body held whole (the proxy's own answers) has nothing to read late.
-impl<D> Written for http_body_util::Full<D> {}
-
-impl<B: Written> Written for TimedBody<B> {
-    fn holds_more(&self) -> bool {
-        self.inner.holds_more()
-    }
-
-    fn defer(self: Pin<&mut Self>) {
-        let this = self.project();
-        *this.defer = true;
-        this.inner.defer();
-    }
-
-    fn written(self: Pin<&mut Self>) {
+impl<B> TimedBody<B> {
+    /// Everything handed on so far has been written to the client: the frames kept unread (and
+    /// the head, when it was handed over) are read now.
+    pub fn written(self: Pin<&mut Self>) {
         let this = self.project();
         this.unread.read(this.recorder);
-        this.inner.written();
     }
 
-    fn head(self: Pin<&mut Self>, parts: http::response::Parts) {
+    /// The response's head, handed over by a server once it has encoded it: read with the
+    /// first frames, after their write, by a body made [`TimedBody::read_after_writes`].
+    pub fn hand_head(self: Pin<&mut Self>, parts: http::response::Parts) {
         let this = self.project();
         if let Head::Awaited = this.unread.head {
             this.unread.head = Head::Held(parts);
         }
+    }
+
+    /// The upstream body it times.
+    pub fn inner(&self) -> &B {
+        &self.inner
+    }
+
+    /// The upstream body it times, pinned.
+    pub fn inner_pin_mut(self: Pin<&mut Self>) -> Pin<&mut B> {
+        self.project().inner
     }
 }
 
@@ -213,15 +192,16 @@ impl<B: Body<Data = Bytes>> TimedBody<B> {
         }
     }
 
-    /// [`TimedBody::new`] for a recorder told only the response's status
-    /// ([`Recorder::on_status`]) and a server that hands the head over ([`Written::head`]): its
-    /// fields are read with the first frames, after their write (a body that has already
-    /// ended is finished at once, so its head is read by the caller, as for `new`). Reading them
-    /// (the engine's timing fields, the content type, the dialect) and dropping the head's map
-    /// were a sixth of the instructions between the upstream's first read and the client's
-    /// first write (8,728 of them, callgrind; nginx's whole leg is 8,001).
-    pub fn before_head(inner: B, recorder: Recorder, idle: Option<Duration>) -> Self {
+    /// [`TimedBody::new`] for a server that says when what it was handed has been written
+    /// ([`TimedBody::written`]) and hands the encoded head over ([`TimedBody::hand_head`]), with a
+    /// recorder told only the response's status ([`Recorder::on_status`]): each frame is stamped
+    /// when it is handed on and read after its write, and the head's fields (the engine's
+    /// timings, the content type, the dialect) with the first frames, so that neither is on the
+    /// way to the client's first token. A body that has already ended is finished at once, so
+    /// its head is read by the caller, as for `new`.
+    pub fn read_after_writes(inner: B, recorder: Recorder, idle: Option<Duration>) -> Self {
         let mut body = TimedBody::new(inner, recorder, idle);
+        body.defer = true;
         body.unread.head = Head::Awaited;
         body
     }
@@ -339,7 +319,7 @@ mod tests {
     }
 
     /// [`play`], with an idle limit, and with `written_after`: the body reads each frame once
-    /// told it was written ([`Written`]), which is that many milliseconds after it was handed
+    /// told it was written ([`TimedBody::written`]), which is that many milliseconds after it was handed
     /// on (never for the frame the body is dropped after; with [`NEVER`], never at all: each
     /// frame is read when the next one comes, or at the end).
     async fn play_as(
@@ -352,7 +332,8 @@ mod tests {
     }
 
     /// [`play_as`], and with `head_back` the recorder is told the status only and the head is
-    /// handed over as the proxy's server does ([`TimedBody::before_head`], [`Written::head`]).
+    /// handed over as the proxy's server does ([`TimedBody::read_after_writes`],
+    /// [`TimedBody::hand_head`]).
     async fn play_with(
         steps: Vec<(u64, Bytes)>,
         drop_after: Option<usize>,
@@ -372,16 +353,16 @@ mod tests {
         };
         let mut body = if head_back {
             recorder.on_status(http::StatusCode::OK);
-            let mut body = Box::pin(TimedBody::before_head(scripted, recorder, idle));
-            body.as_mut().head(head);
+            let mut body = Box::pin(TimedBody::read_after_writes(scripted, recorder, idle));
+            body.as_mut().hand_head(head);
             body
         } else {
             recorder.on_head(http::StatusCode::OK, &head.headers);
-            Box::pin(TimedBody::new(scripted, recorder, idle))
+            let mut body = TimedBody::new(scripted, recorder, idle);
+            // Read after writes, the head read before: as a server that is told nothing of it.
+            body.defer = written_after.is_some();
+            Box::pin(body)
         };
-        if written_after.is_some() {
-            body.as_mut().defer();
-        }
         let mut n = 0;
         while let Some(frame) = body.frame().await {
             if frame.is_err() {
@@ -448,8 +429,6 @@ mod tests {
         sleep: Option<Pin<Box<tokio::time::Sleep>>>,
         due: Instant,
     }
-
-    impl Written for ScriptedBody {}
 
     impl Body for ScriptedBody {
         type Data = Bytes;
@@ -582,7 +561,9 @@ mod tests {
             sleep: None,
             due: Instant::now(),
         };
-        drop(Box::pin(TimedBody::before_head(scripted, recorder, None)));
+        drop(Box::pin(TimedBody::read_after_writes(
+            scripted, recorder, None,
+        )));
         let record = records
             .recv_timeout(std::time::Duration::from_secs(5))
             .expect("one record");

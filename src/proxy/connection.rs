@@ -35,7 +35,7 @@ use tokio::time::Instant;
 
 use super::client_body::ClientBody;
 use super::http1::server as h1;
-use crate::measure::Written;
+use super::http1::server::Written;
 
 /// The HTTP/2 connection preface (RFC 9113 §3.4).
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";

@@ -144,7 +144,7 @@ where
         Send + 'static,
     <S as hyper::service::Service<http::Request<super::client_body::ClientBody>>>::Error:
         Into<Box<dyn std::error::Error + Send + Sync>>,
-    B: http_body::Body<Data = bytes::Bytes> + crate::measure::Written + Send + 'static,
+    B: http_body::Body<Data = bytes::Bytes> + super::http1::server::Written + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let make = Arc::new(make);

@@ -24,9 +24,10 @@ use super::forward::Trip;
 use super::generation::Generations;
 use super::http1::client::PooledBody;
 use super::http1::head::Refusal;
+use super::http1::server::Written;
 use super::request_body::{RequestBody, Upload};
 use super::BoxError;
-use crate::measure::{Recorder, TimedBody, Written};
+use crate::measure::{Recorder, TimedBody};
 use crate::policy::outcome::End;
 
 pin_project! {
@@ -78,29 +79,27 @@ impl Body for ProxyBody {
     }
 }
 
+/// The one implementation of the HTTP/1.1 server's hook: the timed body reads what was written
+/// and the head handed over; the upstream's body lets its request go and says whether it holds
+/// more.
 impl Written for ProxyBody {
-    fn defer(self: Pin<&mut Self>) {
-        if let ProxyBodyProj::Timed { body } = self.project() {
-            body.as_mut().defer();
-        }
-    }
-
     fn written(self: Pin<&mut Self>) {
         if let ProxyBodyProj::Timed { body } = self.project() {
             body.as_mut().written();
+            body.as_mut().inner_pin_mut().get_mut().written();
         }
     }
 
     fn holds_more(&self) -> bool {
         match self {
-            ProxyBody::Timed { body } => body.holds_more(),
-            ProxyBody::Own { body } => body.holds_more(),
+            ProxyBody::Timed { body } => body.inner().holds_more(),
+            ProxyBody::Own { .. } => true,
         }
     }
 
     fn head(self: Pin<&mut Self>, parts: http::response::Parts) {
         if let ProxyBodyProj::Timed { body } = self.project() {
-            body.as_mut().head(parts);
+            body.as_mut().hand_head(parts);
         }
     }
 }
@@ -272,11 +271,15 @@ impl Proxy {
             recorder.on_upstream(trip.reused, trip.connect, trip.handed, trip.retries);
             match sent {
                 Ok(response) => {
-                    let (parts, body) = response.into_parts();
+                    let (parts, mut body) = response.into_parts();
                     let idle = Some(generation.timeouts.idle);
                     let body = Box::pin(if head_back && !body.is_end_stream() {
+                        // The proxy's HTTP/1.1 server says what it wrote and hands the head
+                        // back: the request, the frames and the head are let go and read
+                        // after the writes, off the way to the client.
+                        body.keep_request_until_written();
                         recorder.on_status(parts.status);
-                        TimedBody::before_head(body, recorder, idle)
+                        TimedBody::read_after_writes(body, recorder, idle)
                     } else {
                         recorder.on_head(parts.status, &parts.headers);
                         TimedBody::new(body, recorder, idle)

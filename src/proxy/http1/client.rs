@@ -462,20 +462,23 @@ impl Body for PooledBody {
     }
 }
 
-impl crate::measure::Written for PooledBody {
-    fn defer(self: Pin<&mut Self>) {
-        self.get_mut().deferred = true;
+impl PooledBody {
+    /// Its server will say when what it handed on was written ([`PooledBody::written`]): the
+    /// request its answer is for is dropped then, not at the first poll.
+    pub(crate) fn keep_request_until_written(&mut self) {
+        self.deferred = true;
     }
 
-    /// The request goes once its answer's first frames are written.
-    fn written(self: Pin<&mut Self>) {
-        if let Some(conn) = self.get_mut().conn.as_mut() {
+    /// What it handed on was written: the request goes once its answer's first frames are out.
+    pub(crate) fn written(&mut self) {
+        if let Some(conn) = self.conn.as_mut() {
             conn.spent = None;
         }
     }
 
-    /// The next frame needs the socket when the read buffer is empty and the body is not over.
-    fn holds_more(&self) -> bool {
+    /// Whether the next frame may be ready without reading the socket: not when the read
+    /// buffer is empty and the body is not over.
+    pub(crate) fn holds_more(&self) -> bool {
         match &self.conn {
             Some(conn) => self.failed.is_some() || !conn.read.is_empty() || self.decoder.is_done(),
             None => true,
@@ -688,13 +691,13 @@ mod tests {
             );
             let mut body = Box::pin(PooledBody::new(checkout.conn, framing, pool.clone()));
             if deferred {
-                crate::measure::Written::defer(body.as_mut());
+                body.keep_request_until_written();
             }
             let frame = body.frame().await.unwrap().unwrap();
             assert_eq!(frame.into_data().unwrap(), "hi");
             let spent = |body: &PooledBody| body.conn.as_ref().unwrap().spent.is_some();
             assert_eq!(spent(&body), deferred, "deferred: {deferred}");
-            crate::measure::Written::written(body.as_mut());
+            body.written();
             assert!(!spent(&body));
         }
     }

@@ -28,7 +28,7 @@
 
 use std::future::{poll_fn, Future};
 use std::io;
-use std::pin::pin;
+use std::pin::{pin, Pin};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
@@ -45,7 +45,6 @@ use super::head::{self, Exchange, Out, Refusal, RequestHead, TransferCodings};
 use super::headers;
 use super::socket::{self, Watcher};
 use super::write::WriteQueue;
-use crate::measure::Written;
 use crate::proxy::client_body::{ClientBody, Handback, Streamed};
 use crate::proxy::lazy_timer::LazyTimer;
 use crate::proxy::BoxError;
@@ -85,6 +84,29 @@ pub(crate) trait Service {
         let _ = refusal;
     }
 }
+
+/// A response body told by this server what it did with what the body handed it: the hook is
+/// defined here, where it is called. The proxy's body implements it (`service::ProxyBody`);
+/// every other body takes the defaults.
+pub(crate) trait Written {
+    /// Everything handed on so far has been written to the client.
+    fn written(self: Pin<&mut Self>) {}
+    /// Whether the body may have another frame ready without waiting for its source: when
+    /// not, the server writes what it has before it polls again (the poll that finds nothing
+    /// and waits then comes after the write). As if it had, by default: the server polls until
+    /// the body waits.
+    fn holds_more(&self) -> bool {
+        true
+    }
+    /// The server has encoded the response's head and hands it over, before it polls the body.
+    /// Dropped by default.
+    fn head(self: Pin<&mut Self>, parts: http::response::Parts) {
+        drop(parts);
+    }
+}
+
+/// A body held whole (the proxy's and the admin port's own answers) has nothing to be told.
+impl<D> Written for http_body_util::Full<D> {}
 
 /// A hyper service, called by this server with the request made whole again (the admin port's
 /// and the tests'); it stays one for HTTP/2.
@@ -509,8 +531,6 @@ impl Client {
         }
         let mut broken = false;
         let mut watcher = None;
-        // The body reads each frame once it is written, off the path to the client.
-        body.as_mut().defer();
         let finished = poll_fn(|cx| loop {
             let mut body_pending = false;
             while !ended && !broken && writer.has_room() {
@@ -639,7 +659,6 @@ mod tests {
 
     use std::collections::VecDeque;
     use std::convert::Infallible;
-    use std::pin::Pin;
     use std::sync::atomic::{AtomicBool, Ordering};
 
     use http::StatusCode;
