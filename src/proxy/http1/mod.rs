@@ -6,6 +6,7 @@
 //! | [`headers`] | every header-field rule both sides use: `Content-Length`, `Transfer-Encoding`, `Connection`, hop-by-hop fields, trailer fields, the field count |
 //! | [`head`] | request and response heads: start lines, targets, which framing a head gives its body |
 //! | [`body`] | bodies on the way in: the length, chunked and close-delimited decoder |
+//! | [`request_body`] | a client's request body read from its socket as the upstream takes it, `100 Continue` |
 //! | [`write`] | what goes out: heads and bodies (chunk framing) gathered into vectored writes |
 //! | [`socket`] | the places the stack goes around tokio's socket API, each pinned by a test |
 //! | [`server`] | the server side: a client's connection, its requests and the answers |
@@ -19,6 +20,7 @@ pub(crate) mod client;
 pub(crate) mod head;
 pub(crate) mod headers;
 pub(crate) mod pool;
+pub(crate) mod request_body;
 pub(crate) mod server;
 pub(crate) mod socket;
 pub(crate) mod write;

@@ -43,9 +43,10 @@ use tokio::time::Instant;
 
 use super::head::{self, Exchange, Out, Refusal, RequestHead, TransferCodings};
 use super::headers;
+use super::request_body::{Handback, Streamed};
 use super::socket::{self, Watcher};
 use super::write::WriteQueue;
-use crate::proxy::client_body::{ClientBody, Handback, Streamed};
+use crate::proxy::client_body::ClientBody;
 use crate::proxy::lazy_timer::LazyTimer;
 use crate::proxy::BoxError;
 /// The read buffer's first size for a head: most requests' heads (and often their bodies) fit.
@@ -160,9 +161,7 @@ pub(crate) async fn serve<S>(
     let mut client = Client {
         stream: Arc::new(stream),
         read: BytesMut::from(prefix),
-        reading: true,
-        eof: false,
-        handback: None,
+        side: ReadSide::Here,
         max_head: limits.max_head_bytes,
         timer: LazyTimer::default(),
     };
@@ -244,6 +243,36 @@ impl Client {
     }
 }
 
+/// How far a response body has been sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sent {
+    /// Frames may come.
+    Open,
+    /// It ended cleanly: its last chunk is queued.
+    Ended,
+    /// It failed, or said more than its length: the client's response is cut short.
+    Broken,
+}
+
+impl Sent {
+    /// The body ended; a body already broken stays broken.
+    fn end(&mut self) {
+        if *self == Sent::Open {
+            *self = Sent::Ended;
+        }
+    }
+}
+
+/// Who reads the client's socket.
+enum ReadSide {
+    /// The connection: heads, and the watch while a request is served.
+    Here,
+    /// The client closed its side.
+    Closed,
+    /// A request body reading it, which hands back what it read past its end once it ended.
+    Lent(Arc<Handback>),
+}
+
 /// The service's answer made ready to write.
 enum Ready<B> {
     Close,
@@ -264,17 +293,23 @@ struct ReadyHead {
 struct Client {
     stream: Arc<TcpStream>,
     read: BytesMut,
-    /// Whether the read side is the connection's: not while a request body is being read.
-    reading: bool,
-    eof: bool,
-    /// Where a streamed request body gives the read side back when it has ended.
-    handback: Option<Arc<Handback>>,
+    side: ReadSide,
     max_head: usize,
     /// The idle and request-head deadlines' timer, for the connection's life.
     timer: LazyTimer,
 }
 
 impl Client {
+    /// Whether the read side is the connection's: not while a request body is reading it.
+    fn reading(&self) -> bool {
+        !matches!(self.side, ReadSide::Lent(_))
+    }
+
+    /// Whether the client closed its side.
+    fn closed(&self) -> bool {
+        matches!(self.side, ReadSide::Closed)
+    }
+
     /// Reads into `read` (at most `limit` bytes held); `Ok(0)` at the client's close.
     fn poll_fill(&mut self, cx: &mut Context<'_>, limit: usize) -> Poll<io::Result<usize>> {
         loop {
@@ -335,7 +370,7 @@ impl Client {
                     return Err(Refusal::too_large());
                 }
             }
-            if self.eof || (*closing && self.read.is_empty()) {
+            if self.closed() || (*closing && self.read.is_empty()) {
                 return Ok(None);
             }
             let was_empty = self.read.is_empty();
@@ -347,7 +382,7 @@ impl Client {
             tokio::select! {
                 biased;
                 filled = poll_fn(|cx| self.poll_fill(cx, self.max_head)) => match filled {
-                    Ok(0) => self.eof = true,
+                    Ok(0) => self.side = ReadSide::Closed,
                     Ok(_) => {
                         if was_empty {
                             deadline = Instant::now() + limits.request_head;
@@ -400,8 +435,7 @@ impl Client {
                     body,
                     expect_continue,
                 );
-                self.handback = Some(handback);
-                self.reading = false;
+                self.side = ReadSide::Lent(handback);
                 ClientBody::streamed(body)
             }
         };
@@ -410,13 +444,12 @@ impl Client {
 
     /// Takes the read side back from a request body that has ended.
     fn reclaim(&mut self) {
-        let Some(handback) = &self.handback else {
+        let ReadSide::Lent(handback) = &self.side else {
             return;
         };
         if let Some(rest) = handback.take() {
             self.read = rest;
-            self.reading = true;
-            self.handback = None;
+            self.side = ReadSide::Here;
         }
     }
 
@@ -424,11 +457,11 @@ impl Client {
     /// request; `Ready` when it closed or broke the connection.
     fn poll_watch(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         self.reclaim();
-        if !self.reading {
+        if !self.reading() {
             return Poll::Pending;
         }
         loop {
-            if self.eof {
+            if self.closed() {
                 return Poll::Ready(());
             }
             if self.read.len() >= self.max_head {
@@ -436,7 +469,7 @@ impl Client {
                 return Poll::Pending;
             }
             match ready!(self.poll_fill(cx, self.max_head)) {
-                Ok(0) => self.eof = true,
+                Ok(0) => self.side = ReadSide::Closed,
                 Ok(_) => {}
                 Err(_) => return Poll::Ready(()),
             }
@@ -462,7 +495,7 @@ impl Client {
         let polled = self.poll_watch(&mut Context::from_waker(watcher.waker()));
         // Pending with the read side here: the socket holds the watcher's waker (or a
         // pipelined head fills the buffer, which only the response's end changes).
-        watcher.armed = polled.is_pending() && self.reading;
+        watcher.armed = polled.is_pending() && self.reading();
         polled
     }
 
@@ -483,7 +516,7 @@ impl Client {
             .flatten();
         let framing = Out::of(status, declared, body.size_hint().exact(), exchange);
         self.reclaim();
-        let keep = exchange.keep_alive && !closing && framing != Out::Close && self.reading;
+        let keep = exchange.keep_alive && !closing && framing != Out::Close && self.reading();
         // Room for the head and two frames from the start, instead of growing it while the
         // first frames go out.
         let mut writer = WriteQueue::with_capacity(8);
@@ -518,22 +551,22 @@ impl Client {
         let ReadyHead {
             mut writer,
             framing,
-            mut keep,
+            keep,
             ..
         } = head;
         let mut left = match framing {
             Out::Length(n) | Out::Exact(n) => Some(n),
             _ => None,
         };
-        let mut ended = body.is_end_stream();
-        if ended {
+        let mut state = Sent::Open;
+        if body.is_end_stream() {
+            state = Sent::Ended;
             end_body(&mut writer, framing, None, exchange.trailers);
         }
-        let mut broken = false;
         let mut watcher = None;
         let finished = poll_fn(|cx| loop {
             let mut body_pending = false;
-            while !ended && !broken && writer.has_room() {
+            while state == Sent::Open && writer.has_room() {
                 match body.as_mut().poll_frame(cx) {
                     Poll::Ready(Some(Ok(frame))) => {
                         match frame.into_data() {
@@ -544,20 +577,20 @@ impl Client {
                                     *left -= take;
                                     if take < data.len() as u64 {
                                         data.truncate(take as usize);
-                                        broken = true;
+                                        state = Sent::Broken;
                                     }
                                 }
                                 writer.data(data, framing == Out::Chunked);
                             }
                             Err(frame) => {
-                                ended = true;
+                                state.end();
                                 let trailers = frame.into_trailers().ok();
                                 end_body(&mut writer, framing, trailers, exchange.trailers);
                                 break;
                             }
                         }
                         if body.is_end_stream() {
-                            ended = true;
+                            state.end();
                             end_body(&mut writer, framing, None, exchange.trailers);
                         } else if !body.holds_more() {
                             // What the body had read goes out before it reads its source
@@ -568,13 +601,13 @@ impl Client {
                         }
                     }
                     Poll::Ready(None) => {
-                        ended = true;
+                        state.end();
                         end_body(&mut writer, framing, None, exchange.trailers);
                     }
                     Poll::Ready(Some(Err(e))) => {
                         let e: BoxError = e.into();
                         tracing::debug!(error = %e, "a response body failed; cutting the client's response short");
-                        broken = true;
+                        state = Sent::Broken;
                     }
                     Poll::Pending => body_pending = true,
                 }
@@ -592,8 +625,8 @@ impl Client {
                     Poll::Ready(Err(_)) => return Poll::Ready(false),
                     Poll::Pending => false,
                 };
-            if wrote && (ended || broken) {
-                return Poll::Ready(ended && !broken);
+            if wrote && state != Sent::Open {
+                return Poll::Ready(state == Sent::Ended);
             }
             // The client is watched when the task is to wait (for the body or the client's
             // socket); a body that had more is polled again first.
@@ -609,8 +642,7 @@ impl Client {
             return false;
         }
         self.reclaim();
-        keep &= self.reading;
-        keep
+        keep && self.reading()
     }
 
     /// Writes what is queued; whether all of it went.
@@ -1241,9 +1273,7 @@ mod tests {
         let mut client = Client {
             stream: Arc::new(stream),
             read: BytesMut::new(),
-            reading: true,
-            eof: false,
-            handback: None,
+            side: ReadSide::Here,
             max_head: 8 << 10,
             timer: LazyTimer::default(),
         };
