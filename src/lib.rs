@@ -18,6 +18,8 @@
 //! proxy, and the measuring body ([`Recorder`], [`TimedBody`]) for tests and benchmarks that
 //! drive it without a network.
 
+#![forbid(unsafe_code)]
+
 mod config;
 mod measure;
 mod parse;

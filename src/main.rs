@@ -3,6 +3,8 @@
 //! Every failure the user can fix (a bad config, a port in use) ends in one line on stderr
 //! and a non-zero exit, never a panic or a backtrace.
 
+#![forbid(unsafe_code)]
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -12,9 +14,9 @@ use tokenmeter::tools::cli::fail;
 use tokenmeter::{Config, ConfigError, Overrides, Running, Upstream};
 
 /// jemalloc, with its background thread, rather than glibc's malloc: after bursts of connections
-/// close, glibc keeps what they freed (77 MiB over idle after five bursts of 2,000, more after
-/// each); jemalloc gives it back within its 10 s decay (17 MiB left, the same after each burst),
-/// at the same CPU per request. The figures: README, "Soak and memory".
+/// close, glibc keeps what they freed, more after each burst; jemalloc gives it back within its
+/// decay, the same after each burst, at the same CPU per request. The figures: README, "Soak
+/// and memory", and `docs/performance-history.md`.
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

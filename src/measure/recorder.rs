@@ -47,7 +47,7 @@ pub struct Recorder {
     model: ModelSlot,
     /// `None` once finished. On the heap: the state is most of a response body's size, and a
     /// body is moved several times on its way to the connection (into the service's future,
-    /// the response, the connection's box); a pointer moves instead of 1.5 KiB, each time.
+    /// the response, the connection's box); a pointer moves instead of the state, each time.
     state: Option<Box<Active>>,
 }
 
@@ -71,13 +71,13 @@ struct Active {
     handles: Option<Arc<RequestMetrics>>,
     /// The request's model may take a label of its own: the upstream answered with success.
     admit: bool,
-    /// Boxed when the response head says what to read: inline, its 1,128 bytes made the
-    /// request's state 1,856, all of it copied into its box when the request starts, before it
-    /// is sent upstream; now 704.
+    /// Boxed when the response head says what to read: inline, the reader would be most of the
+    /// request's state, all of it copied into its box when the request starts, before it is
+    /// sent upstream.
     reader: Option<Box<StreamReader>>,
     /// What the response head said to read the body as, until the reader is made: at the
-    /// first frame, which is read after its write, or at finish. Made at the head, its 1.8 KiB
-    /// were written (and copied) on the first token's way to the client.
+    /// first frame, which is read after its write, or at finish: made at the head, the reader
+    /// would be written (and copied) on the first token's way to the client.
     to_read: Option<(Framing, Dialect)>,
     /// What every frame reads or writes, together (see [`PerEvent`]).
     ev: PerEvent,
@@ -95,13 +95,13 @@ struct Active {
     /// The engine's state when the request arrived, from its own metrics.
     engine_at_arrival: AtArrival,
     /// What the response head said of the engine's timing (TGI's `x-*-time` headers), when
-    /// it said anything: boxed, as most servers say nothing there (inline, 200 bytes).
+    /// it said anything: boxed, as most servers say nothing there.
     head_report: Option<Box<EngineReport>>,
 }
 
-/// What every frame of a response reads or writes, kept together in two cache lines: the rest
-/// of a request's state (1.8 KiB) is touched at its start and finish, and a frame's wake-up
-/// finds little of it in cache (at 20 ms a token, other streams' frames come between). Moments
+/// What every frame of a response reads or writes, kept together in two cache lines (a size
+/// test holds it there): the rest of a request's state is touched at its start and finish, and
+/// a frame's wake-up finds little of it in cache (other streams' frames come between tokens). Moments
 /// are nanoseconds since the request started (`origin`), [`NOT_YET`] until they happen; gaps
 /// are held as nanoseconds in 32 bits (a longer one is counted at once).
 #[derive(Debug)]
@@ -214,7 +214,7 @@ impl Recorder {
         let in_flight_total_at_start = meter.in_flight_total.fetch_add(1, Ordering::Relaxed) + 1;
         let total = TotalGuard(meter.in_flight_total.clone());
         let engine_at_arrival = meter.engine.at(t_start);
-        // Made in its box: built beside it and moved in, its 704 bytes were copied twice on the
+        // Made in its box: built beside it and moved in, it would be copied twice on the
         // request's way upstream.
         let mut active = Box::new(Active {
             meter,
@@ -279,7 +279,7 @@ impl Recorder {
     }
 
     /// The response's status arrived, its fields to be read later with [`Recorder::on_head`]
-    /// (after the head's write: [`crate::measure::TimedBody::before_head`]). Until then the
+    /// (after the head's write: [`crate::measure::TimedBody::read_after_writes`]). Until then the
     /// request has its status, so a client gone before the write is recorded with it.
     pub fn on_status(&mut self, status: StatusCode) {
         if let Some(state) = self.state.as_mut() {

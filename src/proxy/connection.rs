@@ -257,9 +257,9 @@ impl AsyncRead for Prefixed {
             let n = (this.end - this.start).min(buf.remaining());
             buf.put_slice(&this.prefix[this.start..this.start + n]);
             this.start += n;
-            // The rest of what the client sent comes in the same read. Handed over alone, the
-            // prefix left the reader's buffer 24 bytes short for its next read, and the reader
-            // doubled it (hyper's HTTP/1.1 connection did: 8 KiB more for the connection's life).
+            // The rest of what the client sent comes in the same read: handed over alone, the
+            // prefix would leave the reader's buffer short for its next read, and a reader that
+            // doubles a buffer that fills would keep the larger one for the connection's life.
             // A socket error here shows again on the next read.
             if this.start == this.end && buf.remaining() > 0 {
                 let _ = Pin::new(&mut this.stream).poll_read(cx, buf);
@@ -541,7 +541,7 @@ mod tests {
 
     /// A connection's task is as large as its largest state, for the connection's whole life:
     /// the state of a response being sent (its body, the recorder) and hyper's HTTP/2 connection
-    /// are on the heap only while used. Unboxed, an idle keep-alive connection held 8 KiB here.
+    /// are on the heap only while used, so an idle keep-alive connection stays small.
     #[tokio::test]
     async fn a_connections_task_stays_small() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -169,8 +169,7 @@ impl Forwarder {
         };
         drop(retained);
         // On the heap, and only when it happens: inline, the second attempt's state (a new
-        // connection, a second exchange and its deadline) made every request's future 224 bytes
-        // larger, copied to the heap on every request.
+        // connection, a second exchange and its deadline) would size every request's future.
         Box::pin(self.send_again(again, upload, trip)).await
     }
 

@@ -195,9 +195,9 @@ where
 /// Open connections per shard before the next shard starts accepting: shard `k` accepts once
 /// `k × SPILL` connections are open. Below that one event loop serves everything, which costs
 /// the least CPU per frame (a frame that finds its thread awake rides the same `epoll_wait` as
-/// others; two half-idle threads each wake for fewer): at 128 streams, one loop spent 0.0105 s of
-/// CPU per 1,000 frames where two spent 0.0150. Past it, the shards share the load, which is what
-/// holds up at saturation (README, "Against nginx"). nginx behaves alike: Linux wakes the most
+/// others; two half-idle threads each wake for fewer; `docs/performance-history.md` has the
+/// figures). Past it, the shards share the load, which is what holds up at saturation. nginx
+/// behaves alike: Linux wakes the most
 /// recently waiting worker first, so one worker takes connections until it is busy.
 pub(crate) const SPILL: usize = 512;
 

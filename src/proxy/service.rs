@@ -34,9 +34,9 @@ pin_project! {
     /// What the client receives: the upstream's body, timed, or the proxy's own error body.
     /// Its own type rather than `http_body_util::Either`, so that the HTTP/1.1 server can reach
     /// the timed body through it ([`Written`]). The timed body is boxed where it is made: inline
-    /// (616 bytes with the upstream connection's body, its timer and the frames it holds
-    /// unread) it was copied a dozen times on its way from the answer to the client's
-    /// connection, on the path of the first token.
+    /// (with the upstream connection's body, its timer and the frames it holds unread) it would
+    /// be copied at every step from the answer to the client's connection, on the path of the
+    /// first token.
     #[project = ProxyBodyProj]
     pub(crate) enum ProxyBody {
         Timed { body: Pin<Box<TimedBody<PooledBody>>> },
@@ -152,8 +152,8 @@ pub(crate) type ProxyFuture =
     Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>;
 
 /// The connections call the proxy as a hyper service, directly: through hyper_util's adapter
-/// from a tower service, each call was a `Oneshot` holding the whole request (over 400 bytes)
-/// until its first poll, moved with it into the connection's future for the answer.
+/// from a tower service, each call would be a `Oneshot` holding the whole request until its
+/// first poll, moved with it into the connection's future for the answer.
 impl hyper::service::Service<Request<ClientBody>> for Proxy {
     type Response = Response<ProxyBody>;
     type Error = Infallible;
@@ -215,10 +215,10 @@ impl super::http1::server::Service for Proxy {
 
 impl Proxy {
     /// One request's answer. Not boxed here: the HTTP/1.1 server awaits it in the connection's
-    /// own future, where it is made in place; boxed, its state (1.2 KiB) was written beside
-    /// its box and copied in, on every request's way upstream. With `head_back`, the server
-    /// hands the response head to the body once it has encoded it, and the head's fields are
-    /// read after the first write ([`TimedBody::before_head`]).
+    /// own future, where it is made in place (boxed, its state would be written beside its box
+    /// and copied in, on every request's way upstream). With `head_back`, the server says what
+    /// it wrote and hands the response head to the body once it has encoded it: the frames and
+    /// the head's fields are read after the writes ([`TimedBody::read_after_writes`]).
     fn answer(
         &self,
         parts: Box<http::request::Parts>,

@@ -4,8 +4,8 @@
 //! A multi-threaded runtime with work stealing costs a sidecar more than it gives: at the load
 //! of a model server (thousands of small frames a second, not a saturated core) a frame often
 //! arrives while the other workers are parked, and the runtime wakes one to steal, so a frame
-//! costs a futex wake and a context switch more (0.51 context switches per frame against 0.22,
-//! 43 % more CPU per frame at 128 streams; README, "Against nginx"). A shard instead serves the
+//! costs a futex wake and a context switch more (measured in `docs/performance-history.md`).
+//! A shard instead serves the
 //! connections it accepted from start to end on its own thread: a frame goes from the upstream
 //! socket to the client socket in one task, on one thread, with one wake-up from `epoll`.
 //!

@@ -52,7 +52,7 @@ enum State {
 pub(crate) struct Decoder {
     state: State,
     // Boxed: trailers are rare, and a decoder is in every request head, request body and
-    // upstream body, each moved on the way to the first token (inline, 96 of its 120 bytes).
+    // upstream body, each moved on the way to the first token: the rare map must not size them.
     trailers: Option<Box<HeaderMap>>,
     /// Chunk-extension bytes read so far (see [`MAX_EXTENSION_BYTES`]).
     extension_bytes: usize,

@@ -9,8 +9,8 @@
 //! saying so) fails a request that the server never saw, and only then may the request be sent
 //! again (see `forward.rs`). And it is the path of every frame: here a frame is read from the
 //! upstream socket, cut out of the read buffer (no copy) and handed to the client's connection
-//! in the same poll of the same task, without hyper's connection task, body channel and the
-//! wake-ups between them (README, "Against nginx", has what that saved per frame).
+//! in the same poll of the same task, without a connection task, a body channel and the
+//! wake-ups between them (`docs/performance-history.md` has what that saved per frame).
 //!
 //! What it speaks (RFC 9112): the request head in origin form, its body framed by its
 //! `Content-Length` or chunked; the response head parsed by `httparse` (1xx answers skipped), its
@@ -46,8 +46,8 @@ use crate::proxy::lazy_timer::LazyTimer;
 use crate::proxy::request_body::UpstreamBody;
 /// The read buffer's first size, enough for most response heads and several SSE events; it
 /// doubles while reads fill it, up to [`READ_BUFFER_MAX`], and is freed when the connection
-/// goes idle. Each open stream holds one, so it is small (2 KiB here cost 1 KiB more per
-/// stream in the overhead bench, at the same CPU per frame).
+/// goes idle. Each open stream holds one, so it starts small: memory per open stream is a
+/// figure the overhead bench reports against nginx's.
 const READ_BUFFER_MIN: usize = 1 << 10;
 /// The largest read: response heads must fit in it, and frames handed on are at most this large.
 const READ_BUFFER_MAX: usize = 64 << 10;
@@ -89,9 +89,8 @@ impl std::error::Error for UpstreamError {
 }
 
 /// A request on its way upstream: its head, boxed once where the proxy took it apart, so that
-/// each step on the way to the upstream moves a pointer (the head is 224 bytes, and every async
-/// step that held it inline kept a copy of its own in its future, copied again at each step,
-/// before the request was written), and its body.
+/// each step on the way to the upstream moves a pointer (an async step that held the head
+/// inline would keep a copy of its own in its future, copied again at each step), and its body.
 pub(crate) struct Outgoing {
     pub(crate) parts: Box<http::request::Parts>,
     pub(crate) body: UpstreamBody,
@@ -119,7 +118,7 @@ pub(crate) struct Conn {
     /// exchange by the forwarder, which puts it back.
     pub(crate) head_timer: LazyTimer,
     /// The request its answer is for, kept from the response head until the answer's first
-    /// write (`Written::written`) or its end: dropped when the head came, its head's map and
+    /// write ([`PooledBody::written`]) or its end: dropped when the head came, its head's map and
     /// body freed on the first token's way to the client.
     spent: Option<Outgoing>,
 }
@@ -361,8 +360,8 @@ pub(crate) struct PooledBody {
     decoder: Decoder,
     // An error held back for one poll (see poll_frame).
     failed: Option<UpstreamError>,
-    // Its server says when what it handed on was written (`Written::defer`): the request is
-    // dropped then. Otherwise (hyper's HTTP/2) it is dropped when the body is first polled.
+    // Its server says when what it handed on was written (`keep_request_until_written`): the
+    // request is dropped then. Otherwise (hyper's HTTP/2) it is dropped at the first poll.
     deferred: bool,
 }
 
@@ -978,8 +977,8 @@ mod tests {
     }
 
     /// An upload to an upstream that does not read used to be taken from the client 16 frames
-    /// at a time, whatever their size (1.2 MiB held per stalled upload in the soak bench,
-    /// against 0.2 MiB before and after).
+    /// at a time, whatever their size: what is taken beyond what the socket took must stay
+    /// within the write queue's bound.
     #[tokio::test]
     async fn an_upstream_that_does_not_read_holds_the_body_back() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -1,14 +1,15 @@
 //! The HTTP/1.1 server side of a client connection, the proxy's own (HTTP/2 stays hyper's).
 //!
 //! Why its own: on this path every frame of every stream is written, and every keep-alive
-//! connection waits between requests. hyper's server connection kept an 8 KiB read buffer, an
-//! 8 KiB write buffer and a cached header map for a connection's whole life, and put its
-//! dispatcher between the body and the socket on every frame. Here a connection holds no buffer
-//! while it waits for a request (the read buffer is freed once the last head is consumed, as
-//! nginx does), the head is read into 1 KiB that grows only for a larger head, and the frames
-//! of a response are written straight from the upstream's read buffer, gathered with whatever
-//! else is ready into one `writev`; frames queued together go out as one chunk (one chunk-size
-//! line, the frames, a CRLF), as nginx sends what it read at once.
+//! connection waits between requests. hyper's server connection keeps a read buffer, a write
+//! buffer and a cached header map for a connection's whole life, and puts its dispatcher
+//! between the body and the socket on every frame. Here a connection holds no buffer while it
+//! waits for a request (the read buffer is freed once the last head is consumed, as nginx
+//! does), the head is read into a small buffer that grows only for a larger head, and the
+//! frames of a response are written straight from the upstream's read buffer, gathered with
+//! whatever else is ready into one `writev`; frames queued together go out as one chunk (one
+//! chunk-size line, the frames, a CRLF), as nginx sends what it read at once. Every rule it
+//! applies to the bytes is in [`super::headers`], [`super::head`] and [`super::body`].
 //!
 //! What it speaks (RFC 9112): request heads parsed by `httparse` (at most
 //! `limits.max_request_head_bytes`, [`MAX_HEADERS`] fields; 431 beyond, 400 for what does not
@@ -64,9 +65,8 @@ pub(crate) struct Limits {
 }
 
 /// What this server calls for each request: the request's head comes boxed as it was parsed,
-/// and a service that keeps it in that box moves a pointer from here to the upstream. Made
-/// into a `Request` before the call, the head (224 bytes) was copied at each step: nine times
-/// between the parse and the service, then again into a box of the service's own.
+/// and a service that keeps it in that box moves a pointer from here to the upstream (made
+/// into a `Request` before the call, the head would be copied at every step on the way).
 pub(crate) trait Service {
     type Body: Body<Data = Bytes> + Written;
     type Error: Into<BoxError>;
@@ -180,8 +180,8 @@ pub(crate) async fn serve<S>(
         let (parts, body) = client.request(head);
         // The answer is awaited here, in the connection's own future: what it holds across the
         // wait is the service's future (the proxy's is a pointer) and, for a head without a
-        // body, its writer, both smaller than the stream that follows. A future of its own
-        // was boxed, copied into its box (480 bytes) and freed on every request.
+        // body, its writer, both smaller than the stream that follows; no box is made and
+        // freed for it on every request.
         let answered = {
             let mut call = pin!(service.call(parts, body));
             // Until the response head: the client closing its side cancels the request.
