@@ -183,6 +183,11 @@ pub(crate) fn parse_request(buf: &mut BytesMut) -> Result<Option<RequestHead>, R
                 return Err(refusal);
             }
         }
+        // A length beside the coding must still be a length (hyper refuses it otherwise): such
+        // a message is suspect enough (RFC 9112 §6.3) without one that does not parse.
+        let values = headers.get_all(header::CONTENT_LENGTH).iter();
+        headers::content_length(values.map(HeaderValue::as_bytes))
+            .map_err(|Invalid(why)| refuse(why))?;
         if headers.remove(header::CONTENT_LENGTH).is_some() {
             // Both: the chunked framing wins and the length goes, so the upstream cannot read
             // the body by it; the connection ends after the response (RFC 9112 §6.3).
