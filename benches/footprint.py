@@ -29,8 +29,8 @@ the write it leads to (the system calls themselves not counted):
 each the median over the requests after the first five, the mock's events after the first two
 20 ms apart (at 1 ms, under valgrind's slowness, they sometimes arrived in one read, and that
 leg then carried the whole response).
-A leg is told by the head parser it runs: tokenmeter's `h1::parse_head` and
-`upstream::parse_head`, nginx's `ngx_http_parse_request_line` and `ngx_http_parse_status_line`.
+A leg is told by the head parser it runs: tokenmeter's `http1::head::parse_request` and
+`http1::head::parse_response`, nginx's `ngx_http_parse_request_line` and `ngx_http_parse_status_line`.
 
 The cache lines fetched are what a request pays when the machine has evicted the proxy's code
 and data between two of them (one user, where the other processes run in between): at one
@@ -233,8 +233,8 @@ def measure(proxy, command, signo, listen, load, work, name):
 CUTS = ["recv*", "__libc_recv*", "send", "__libc_send", "sendmsg", "__libc_sendmsg", "writev", "__writev"]
 # What tells each proxy's legs apart: the head parser each runs.
 LEG_MARKS = {
-    "tokenmeter": {"request": "tokenmeter::proxy::h1::parse_head",
-                   "first token": "tokenmeter::proxy::upstream::parse_head"},
+    "tokenmeter": {"request": "tokenmeter::proxy::http1::head::parse_request",
+                   "first token": "tokenmeter::proxy::http1::head::parse_response"},
     "nginx": {"request": "ngx_http_parse_request_line", "first token": "ngx_http_parse_status_line"},
 }
 # The events after the first come this far apart, so that the first token's read holds only the
