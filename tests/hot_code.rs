@@ -124,7 +124,14 @@ fn a_mangled_name_is_read_into_its_path() {
     let path = segments("_ZN10tokenmeter5proxy5http16server6Client9poll_fill17h*").unwrap();
     assert_eq!(
         path,
-        ["tokenmeter", "proxy", "http1", "server", "Client", "poll_fill"]
+        [
+            "tokenmeter",
+            "proxy",
+            "http1",
+            "server",
+            "Client",
+            "poll_fill"
+        ]
     );
     assert!(resolves(&path[1..]));
     let gone = segments("_ZN10tokenmeter5proxy2h110parse_head17h*").unwrap();

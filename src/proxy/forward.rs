@@ -136,7 +136,12 @@ impl Forwarder {
                 return Ok(self.answered(response, checkout));
             }
             Err(Failure::TimedOut) => return Err(self.timed_out()),
-            Err(Failure::Upstream(Unsent { error, parts, body })) => {
+            Err(Failure::Upstream(Unsent {
+                error,
+                parts,
+                written,
+                body,
+            })) => {
                 let nothing_received = checkout.conn.received() == received_before;
                 // The client's own fault is the client's, whatever the connection did.
                 if let Some(fault) = upload.fault() {
@@ -145,14 +150,15 @@ impl Forwarder {
                         source: Box::new(error),
                     });
                 }
-                // The head as it was sent goes again: only the body is to be had anew.
-                let replay = match (body, &retained) {
+                // The head as it was sent goes again: only the body is to be had anew, from what
+                // was kept of it and, when the client's upload was not over, the rest of it.
+                let replay = match (*body, &retained) {
                     _ if !checkout.reused || !nothing_received => None,
-                    (Some(body), _) => {
+                    (body, _) if written == 0 => {
                         self.retries.not_sent.inc();
-                        Some(Outgoing { parts, body: *body })
+                        Some(Outgoing { parts, body })
                     }
-                    (None, Some(retained)) => retained.replay().map(|body| {
+                    (Either::Left(rest), Some(retained)) => retained.resume(rest).map(|body| {
                         self.retries.closed.inc();
                         Outgoing {
                             parts,
@@ -163,7 +169,15 @@ impl Forwarder {
                 };
                 match replay {
                     Some(request) => request,
-                    None => return Err(self.failed(error)),
+                    None => {
+                        tracing::debug!(
+                            reused = checkout.reused,
+                            nothing_received,
+                            error = %error,
+                            "an upstream exchange failed and is not sent again"
+                        );
+                        return Err(self.failed(error));
+                    }
                 }
             }
         };

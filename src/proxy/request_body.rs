@@ -137,11 +137,15 @@ impl Retained {
         }
     }
 
-    /// The whole body, if it was complete and kept.
-    pub(crate) fn replay(&self) -> Option<ReplayBody> {
+    /// The body again, if what was taken of it was kept: the frames taken so far, then, when
+    /// it was not all taken yet, the rest of it from `rest` (the body being sent, which goes on
+    /// keeping what it forwards). A write that met a connection the server had closed can
+    /// fail before the client's upload is over: the request is sent again all the same.
+    pub(crate) fn resume(&self, rest: Box<RequestBody>) -> Option<ReplayBody> {
         let kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
-        (kept.complete && !kept.spoiled).then(|| ReplayBody {
+        (!kept.spoiled).then(|| ReplayBody {
             frames: kept.frames.iter().cloned().collect(),
+            rest: (!kept.complete).then_some(rest),
         })
     }
 
@@ -327,9 +331,11 @@ impl Body for RequestBody {
     }
 }
 
-/// A kept request body, sent again.
+/// A kept request body, sent again: the frames kept, then the rest of the body when it was not
+/// all taken before the first attempt failed.
 pub(crate) struct ReplayBody {
     frames: VecDeque<Bytes>,
+    rest: Option<Box<RequestBody>>,
 }
 
 #[cfg(test)]
@@ -338,26 +344,44 @@ impl ReplayBody {
     pub(crate) fn of(frames: Vec<Bytes>) -> ReplayBody {
         ReplayBody {
             frames: frames.into(),
+            rest: None,
         }
     }
 }
 
 impl Body for ReplayBody {
     type Data = Bytes;
-    type Error = std::convert::Infallible;
+    type Error = RequestBodyError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
-        _: &mut Context<'_>,
+        cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        Poll::Ready(self.frames.pop_front().map(|data| Ok(Frame::data(data))))
+        if let Some(data) = self.frames.pop_front() {
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
+        match self.rest.as_mut() {
+            Some(rest) => Pin::new(rest.as_mut()).poll_frame(cx),
+            None => Poll::Ready(None),
+        }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.frames.is_empty()
+        self.frames.is_empty() && self.rest.as_ref().is_none_or(|r| r.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {
-        SizeHint::with_exact(self.frames.iter().map(|f| f.len() as u64).sum())
+        let kept = self.frames.iter().map(|f| f.len() as u64).sum();
+        match &self.rest {
+            None => SizeHint::with_exact(kept),
+            Some(rest) => {
+                let mut hint = rest.size_hint();
+                hint.set_lower(hint.lower() + kept);
+                if let Some(upper) = hint.upper() {
+                    hint.set_upper(upper + kept);
+                }
+                hint
+            }
+        }
     }
 }

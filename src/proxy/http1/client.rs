@@ -97,11 +97,13 @@ pub(crate) struct Outgoing {
 }
 
 /// A failed exchange: why, the request's head (as it was sent, for sending it again without
-/// a copy of it made for every request), and its body when none of the request was written.
+/// a copy of it made for every request), how many bytes of the request were written, and its
+/// body as far as it was not taken (all of it when nothing was written).
 pub(crate) struct Unsent {
     pub(crate) error: UpstreamError,
     pub(crate) parts: Box<http::request::Parts>,
-    pub(crate) body: Option<Box<UpstreamBody>>,
+    pub(crate) written: u64,
+    pub(crate) body: Box<UpstreamBody>,
 }
 
 /// One upstream connection.
@@ -231,7 +233,8 @@ impl Conn {
                 Err(Unsent {
                     error,
                     parts,
-                    body: (sending.written() == 0).then(|| Box::new(body)),
+                    written: sending.written(),
+                    body: Box::new(body),
                 })
             }
         }
