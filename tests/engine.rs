@@ -465,6 +465,62 @@ fn a_thousand_back_to_back_streams_all_succeed() {
     eprintln!("{N} streams: {retries} retries, {reused} on a reused connection");
 }
 
+/// Runs `tests/engine/back_to_back.py` (httpx) against `addr`: `n` streams per client, `k`
+/// clients at once; how many failed, and the first failure.
+fn httpx_back_to_back(addr: &str, n: usize, k: usize) -> (u64, String) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/engine/back_to_back.py");
+    let out = std::process::Command::new("python3")
+        .args([
+            script,
+            &format!("http://{addr}"),
+            &n.to_string(),
+            &k.to_string(),
+        ])
+        .output()
+        .expect("python3 with httpx is needed (tests/run.sh installs the openai package)");
+    assert!(
+        out.status.success(),
+        "back_to_back.py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let result: Value = serde_json::from_slice(&out.stdout).expect("back_to_back.py's JSON line");
+    assert_eq!(result["total"], json!(n * k));
+    (
+        result["failed"].as_u64().unwrap(),
+        result["first"].to_string(),
+    )
+}
+
+/// With a model four times slower per token, 200 back-to-back streams from httpx (which writes
+/// a request's head and body apart) met llama.cpp's closing of every kept-alive connection
+/// mid-upload, and 10 got 502: only a body already whole was sent again. A thousand, from one
+/// client and then from four at once, must all succeed.
+#[test]
+fn a_thousand_back_to_back_streams_from_httpx_to_a_slower_model_all_succeed() {
+    let engine = Engine::start_slow();
+    let proxy = Proxy::start(&engine.addr);
+    for (n, k) in [(1000, 1), (250, 4)] {
+        let (failed, first) = httpx_back_to_back(&proxy.listen, n, k);
+        assert_eq!(
+            failed,
+            0,
+            "{failed} of {} failed ({k} clients): {first}",
+            n * k
+        );
+    }
+    let records = proxy.records(2000);
+    let not_ok: Vec<&Value> = records.iter().filter(|r| r["outcome"] != "ok").collect();
+    assert!(
+        not_ok.is_empty(),
+        "{} records not ok: {:?}",
+        not_ok.len(),
+        not_ok.first()
+    );
+    let m = proxy.metrics();
+    let retries = metric(&m, "tokenmeter_upstream_retries_total", &[]).unwrap_or(0.0);
+    eprintln!("2,000 streams to the slower model: {retries} retries");
+}
+
 /// What explains a request, against the real engine: the record carries llama.cpp's own
 /// `timings` (prefill, decode, prompt tokens processed, cached), a queue derived from them, and
 /// the engine's state at arrival from its real `/metrics`.

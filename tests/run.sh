@@ -40,6 +40,7 @@ fi
 engine_env=$(bash tests/engine/setup.sh)
 export TOKENMETER_LLAMA_SERVER="$(sed -n 's/^TOKENMETER_LLAMA_SERVER=//p' <<<"$engine_env")"
 export TOKENMETER_LLAMA_MODEL="$(sed -n 's/^TOKENMETER_LLAMA_MODEL=//p' <<<"$engine_env")"
+export TOKENMETER_LLAMA_SLOW_MODEL="$(sed -n 's/^TOKENMETER_LLAMA_SLOW_MODEL=//p' <<<"$engine_env")"
 
 # One build, no incremental state: it would only add a gigabyte to a fresh machine's disk.
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"

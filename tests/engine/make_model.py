@@ -27,7 +27,12 @@ Size: the vocabulary is 151,936 tokens, so the two vocabulary matrices dominate:
 n_embd = 128 in f16 they are 2 x 39 MB (84 MB in all with the tokenizer), and one token takes
 about 2.6 ms with one thread (n_embd = 64: 1.3 ms).
 
-Usage: make_model.py --tree <llama.cpp source tree> --out model.gguf [--seed 20261123]
+A slower model of the same kind (--slow: n_embd 512, 8 layers, 8 heads / 4 KV heads, n_ff 1536,
+about 350 MB, about four times slower per token) lets a request stay in the engine long enough
+for the races between a kept-alive connection's close and the next request to show
+(tests/engine.rs, the back-to-back tests).
+
+Usage: make_model.py --tree <llama.cpp source tree> --out model.gguf [--seed 20261123] [--slow]
 """
 
 import argparse
@@ -53,7 +58,11 @@ def main() -> int:
     ap.add_argument("--tree", required=True, type=Path, help="llama.cpp source tree")
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--seed", type=int, default=20261123)
+    ap.add_argument("--slow", action="store_true", help="the slower model (see above)")
     args = ap.parse_args()
+    global N_EMBD, N_LAYER, N_HEAD, N_HEAD_KV, N_FF
+    if args.slow:
+        N_EMBD, N_LAYER, N_HEAD, N_HEAD_KV, N_FF = 512, 8, 8, 4, 1536
 
     sys.path.insert(0, str(args.tree / "gguf-py"))
     import gguf  # noqa: E402  (from the tree, so the format matches the server built from it)

@@ -6,9 +6,10 @@
 # Idempotent: when the binary and the model are already there (built with these flags, by this
 # make_model.py) it does nothing. The first build takes about 6 minutes on 2 cores.
 #
-# stdout: exactly two lines, for tests/run.sh to export:
+# stdout: exactly three lines, for tests/run.sh to export:
 #   TOKENMETER_LLAMA_SERVER=<path of llama-server>
 #   TOKENMETER_LLAMA_MODEL=<path of the model>
+#   TOKENMETER_LLAMA_SLOW_MODEL=<path of the slower model (make_model.py --slow, about 350 MB)>
 # Progress and errors go to stderr; the build's own output to $dir/build.log.
 set -euo pipefail
 
@@ -19,6 +20,7 @@ src=$dir/src/llama.cpp
 build=$dir/build
 bin=$dir/bin/llama-server
 model=$dir/model.gguf
+slow_model=$dir/model-slow.gguf
 log=$dir/build.log
 
 say() { echo "tests/engine/setup.sh: $*" >&2; }
@@ -45,7 +47,11 @@ exec 9>"$dir/.lock"
 flock 9
 
 binary_ok() { [ -x "$bin" ] && [ "$(cat "$dir/bin/.key" 2>/dev/null)" = "$build_key" ]; }
-model_ok() { [ -s "$model" ] && [ "$(cat "$model.key" 2>/dev/null)" = "$model_key" ]; }
+model_ok() {
+  for m in "$model" "$slow_model"; do
+    [ -s "$m" ] && [ "$(cat "$m.key" 2>/dev/null)" = "$model_key" ] || return 1
+  done
+}
 
 pip_install() {
   python3 -m pip install -q "$@" 2>/dev/null \
@@ -112,10 +118,13 @@ if ! binary_ok || ! model_ok; then
       say "installing numpy, pyyaml, tqdm for gguf-py"
       pip_install numpy pyyaml tqdm
     }
-    say "writing the tiny model"
+    say "writing the tiny model and the slower one"
     python3 "$here/make_model.py" --tree "$src" --out "$model.tmp" >&2
     mv "$model.tmp" "$model"
     echo "$model_key" >"$model.key"
+    python3 "$here/make_model.py" --tree "$src" --out "$slow_model.tmp" --slow >&2
+    mv "$slow_model.tmp" "$slow_model"
+    echo "$model_key" >"$slow_model.key"
   fi
 fi
 
@@ -123,3 +132,4 @@ say "llama-server: $bin"
 say "model:        $model ($(du -h "$model" | cut -f1))"
 echo "TOKENMETER_LLAMA_SERVER=$bin"
 echo "TOKENMETER_LLAMA_MODEL=$model"
+echo "TOKENMETER_LLAMA_SLOW_MODEL=$slow_model"

@@ -48,6 +48,18 @@ pub fn engine_paths() -> (PathBuf, PathBuf) {
     (server, model)
 }
 
+/// The slower model (`make_model.py --slow`), beside the tiny one.
+pub fn slow_model_path() -> PathBuf {
+    let model = std::env::var_os("TOKENMETER_LLAMA_SLOW_MODEL")
+        .map_or_else(|| default_dir().join("model-slow.gguf"), PathBuf::from);
+    assert!(
+        model.is_file(),
+        "no slower model at {}: {SETUP}",
+        model.display()
+    );
+    model
+}
+
 /// A child process whose stdout and stderr lines are kept (for failure messages) and offered
 /// to whoever waits for a line. Killed on drop, so a failing test leaves nothing running.
 pub struct Proc {
@@ -150,8 +162,18 @@ impl Engine {
     /// `listening on http://127.0.0.1:PORT` once the model is loaded, so there is no race for
     /// the port. Then /health must answer 200.
     pub fn start() -> Engine {
+        Engine::start_with(engine_paths().1)
+    }
+
+    /// [`Engine::start`] with the slower model: a request stays in the engine long enough for
+    /// the races around a kept-alive connection's close to show.
+    pub fn start_slow() -> Engine {
+        Engine::start_with(slow_model_path())
+    }
+
+    fn start_with(model: PathBuf) -> Engine {
         let turn = ONE_ENGINE.lock().unwrap_or_else(|p| p.into_inner());
-        let (server, model) = engine_paths();
+        let (server, _) = engine_paths();
         let mut proc = Proc::spawn(
             "llama-server",
             Command::new(server).args([

@@ -273,7 +273,9 @@ fn take_up_to(buf: &mut BytesMut, left: u64) -> (Bytes, u64) {
 
 /// A chunk-size line's size and how many bytes its extensions take, the line given up to its
 /// LF: `1*HEXDIG`, optional spaces or tabs, optional `;` extensions without CR or LF, then CR
-/// (RFC 9112 §7.1.1). Leading zeros are allowed; a size past `u64` is not.
+/// (RFC 9112 §7.1.1). Leading zeros are allowed; a size past `u64` is not. This is hyper's
+/// grammar, which the differential tests hold it to; `httparse::parse_chunk_size` is not used
+/// because it takes a bare LF inside an extension and refuses more than 16 digits.
 fn chunk_size(line: &[u8]) -> Result<(u64, usize), Malformed> {
     const NOT_HEX: Malformed = Malformed("a chunk size that is not hex");
     let line = line
