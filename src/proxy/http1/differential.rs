@@ -305,8 +305,6 @@ impl Gen {
             "HTTP/2.0",
             "HTTP/1.1 ",
         ]);
-        let mut head = format!("{method} {target} {version}\r\n").into_bytes();
-        let data = self.data();
         let mut fields: Vec<Vec<u8>> = Vec::new();
         if self.chance(90) {
             fields.push(format!("{}: x\r\n", self.pick(&["host", "Host", "HOST"])).into_bytes());
@@ -314,13 +312,37 @@ impl Gen {
         if self.chance(5) {
             fields.push(b"host: y\r\n".to_vec());
         }
-        let framing = self.0.u8(..10);
+        let extras: &[(u8, &[u8])] = &[
+            (10, b"expect: 100-continue\r\n"),
+            (10, b"connection: close\r\n"),
+            (5, b"connection: keep-alive, host\r\n"),
+            (5, b"te: trailers\r\n"),
+            (4, b"x-cr: a\rb\r\n"),
+            (4, b"x-lf: a\nb: c\r\n"),
+            (3, b": empty\r\n"),
+            (3, b"x-obs: \x80\xff\r\n"),
+        ];
+        let start = format!("{method} {target} {version}\r\n");
+        self.message(start, fields, extras)
+    }
+
+    /// A message after its start line: `fields`, fields that frame its body (a length in one
+    /// of its forms, or a transfer coding, sometimes both or doubled), `extras` each by its
+    /// chance in a hundred, tricks both sides share, in any order; then the blank line and the
+    /// body, chunked (its framing sometimes off) when a coding was given.
+    fn message(
+        &mut self,
+        start: String,
+        mut fields: Vec<Vec<u8>>,
+        extras: &[(u8, &[u8])],
+    ) -> Vec<u8> {
+        let data = self.data();
         let len = data.len();
-        let chunked_body = framing >= 6;
+        let framing = self.0.u8(..10);
         match framing {
             0 => {}
             1..=5 => {
-                let value = match self.0.u8(..14) {
+                let value = match self.0.u8(..16) {
                     0 => format!("{len}, {len}"),
                     1 => format!("+{len}"),
                     2 => format!("0{len}"),
@@ -329,6 +351,8 @@ impl Gen {
                     5 => format!("{len},"),
                     6 => format!("{len}, {}", len + 1),
                     7 => format!(" {len}"),
+                    8 => format!("-{len}"),
+                    9 => format!("{len} {len}"),
                     _ => format!("{len}"),
                 };
                 let name = self.pick(&[
@@ -339,13 +363,8 @@ impl Gen {
                 ]);
                 fields.push(format!("{name}: {value}\r\n").into_bytes());
                 if self.chance(10) {
-                    fields.push(
-                        format!(
-                            "content-length: {}\r\n",
-                            self.pick(&["0", "1", &len.to_string()])
-                        )
-                        .into_bytes(),
-                    );
+                    let other = self.pick(&["0", "1", &len.to_string()]).to_string();
+                    fields.push(format!("Content-Length: {other}\r\n").into_bytes());
                 }
             }
             _ => {
@@ -377,38 +396,33 @@ impl Gen {
                 }
             }
         }
-        for (chance, field) in [
-            (10u8, &b"expect: 100-continue\r\n"[..]),
-            (10, b"connection: close\r\n"),
-            (5, b"connection: keep-alive, host\r\n"),
-            (5, b"te: trailers\r\n"),
+        let shared: [(u8, &[u8]); 4] = [
             (4, b"x-fold: a\r\n b\r\n"),
             (4, b"x-nul: a\x00b\r\n"),
-            (4, b"x-cr: a\rb\r\n"),
-            (4, b"x-lf: a\nb: c\r\n"),
-            (3, b": empty\r\n"),
             (3, b"x-bare-lf: 1\n"),
-            (3, b"x-obs: \x80\xff\r\n"),
-        ] {
+            (5, b"connection: keep-alive\r\n"),
+        ];
+        for &(chance, field) in extras.iter().chain(&shared) {
             if self.chance(chance) {
                 fields.push(field.to_vec());
             }
         }
         self.0.shuffle(&mut fields);
+        let mut out = start.into_bytes();
         for field in fields {
-            head.extend_from_slice(&field);
+            out.extend_from_slice(&field);
         }
-        head.extend_from_slice(
+        out.extend_from_slice(
             self.pick(&["\r\n", "\r\n", "\r\n", "\r\n", "\n"])
                 .as_bytes(),
         );
-        if chunked_body {
+        if framing >= 6 {
             let body = self.chunked(&data);
-            head.extend_from_slice(&body);
+            out.extend_from_slice(&body);
         } else {
-            head.extend_from_slice(&data);
+            out.extend_from_slice(&data);
         }
-        head
+        out
     }
 
     /// One to three requests in one write, then a random mutation now and then.
@@ -754,76 +768,11 @@ impl Gen {
         let version = self.pick(&[
             "HTTP/1.1", "HTTP/1.1", "HTTP/1.1", "HTTP/1.0", "HTTP/1.2", "HTTP/2",
         ]);
-        out.extend_from_slice(format!("{version} {status}\r\n").as_bytes());
-        let data = self.data();
-        let len = data.len();
-        let framing = self.0.u8(..10);
-        let mut fields: Vec<Vec<u8>> = vec![b"content-type: text/event-stream\r\n".to_vec()];
-        match framing {
-            0 => {}
-            1..=5 => {
-                let value = match self.0.u8(..12) {
-                    0 => format!("{len}, {len}"),
-                    1 => format!("+{len}"),
-                    2 => format!("0{len}"),
-                    3 => format!("{len}, {}", len + 1),
-                    4 => format!("-{len}"),
-                    5 => format!("{len} {len}"),
-                    _ => format!("{len}"),
-                };
-                fields.push(format!("content-length: {value}\r\n").into_bytes());
-                if self.chance(10) {
-                    fields.push(
-                        format!(
-                            "Content-Length: {}\r\n",
-                            self.pick(&[&len.to_string(), "1"])
-                        )
-                        .into_bytes(),
-                    );
-                }
-            }
-            _ => {
-                let value = self.pick(&[
-                    "chunked",
-                    "chunked",
-                    "chunked",
-                    "chunked, chunked",
-                    "gzip, chunked",
-                    "chunked, gzip",
-                    "identity",
-                    "Chunked",
-                ]);
-                fields.push(format!("transfer-encoding: {value}\r\n").into_bytes());
-                if self.chance(15) {
-                    fields.push(b"transfer-encoding: chunked\r\n".to_vec());
-                }
-                if self.chance(25) {
-                    fields.push(format!("content-length: {len}\r\n").into_bytes());
-                }
-            }
-        }
-        for (chance, field) in [
-            (10u8, &b"connection: close\r\n"[..]),
-            (5, b"connection: keep-alive\r\n"),
-            (4, b"x-fold: a\r\n b\r\n"),
-            (3, b"x-nul: a\x00b\r\n"),
-            (3, b"x-bare-lf: 1\n"),
-        ] {
-            if self.chance(chance) {
-                fields.push(field.to_vec());
-            }
-        }
-        self.0.shuffle(&mut fields);
-        for field in fields {
-            out.extend_from_slice(&field);
-        }
-        out.extend_from_slice(b"\r\n");
-        if framing >= 6 {
-            let body = self.chunked(&data);
-            out.extend_from_slice(&body);
-        } else {
-            out.extend_from_slice(&data);
-        }
+        let start = format!("{version} {status}\r\n");
+        let fields = vec![b"content-type: text/event-stream\r\n".to_vec()];
+        let extras: &[(u8, &[u8])] = &[(10, b"connection: close\r\n")];
+        let message = self.message(start, fields, extras);
+        out.extend_from_slice(&message);
         self.mutate(&mut out);
         out
     }
