@@ -52,9 +52,12 @@ FIRST_TOKEN_MARK = "5http14head14parse_response"
 def pattern(name):
     """A section-name pattern for a mangled symbol that survives rebuilds: legacy mangling's
     hash, v0 mangling's crate disambiguators and LLVM's clone suffixes left open."""
+    clone = re.search(r"\.(llvm\.)?[0-9]+$", name)
+    name = re.sub(r"\.(llvm\.)?[0-9]+$", "", name)
+    hashed = re.search(r"17h[0-9a-f]{16}E$", name)
     name = re.sub(r"17h[0-9a-f]{16}E$", "17h*", name)
     name = re.sub(r"Cs[0-9a-zA-Z]+_", "Cs*_", name)
-    return re.sub(r"\.(llvm\.)?[0-9]+$", "*", name)
+    return name if hashed or not clone else name + "*"
 
 
 def parts(out_dir):

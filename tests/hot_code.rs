@@ -79,10 +79,12 @@ fn the_hot_code_list_pins_no_hash_and_names_functions_that_exist() {
     let pinned: Vec<&String> = all
         .iter()
         .filter(|p| {
-            p.len() > 20 && {
-                let tail = &p[p.len() - 20..];
-                tail.starts_with("17h") && tail.ends_with('E')
-            }
+            p.match_indices("17h").any(|(at, _)| {
+                let hash = &p.as_bytes()[at + 3..];
+                hash.len() >= 17
+                    && hash[..16].iter().all(u8::is_ascii_hexdigit)
+                    && hash[16] == b'E'
+            })
         })
         .collect();
     assert!(
