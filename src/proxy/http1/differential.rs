@@ -483,6 +483,17 @@ fn stricter_request(head: &[u8]) -> Option<&'static str> {
     if !te.is_empty() && line.ends_with("http/1.0") {
         return Some("Transfer-Encoding in an HTTP/1.0 request (RFC 9112 §6.1)");
     }
+    // hyper parses a length only when it comes before the coding; tokenmeter always does.
+    let lengths: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("content-length:"))
+        .collect();
+    let invalid = headers::content_length(lengths.iter().map(|l| l.as_bytes())).is_err();
+    if !te.is_empty() && invalid {
+        return Some(
+            "a Content-Length that does not parse beside a chunked coding (RFC 9112 §6.3)",
+        );
+    }
     None
 }
 
