@@ -51,11 +51,24 @@ fn module_of(relative: &Path) -> Vec<String> {
     parts
 }
 
-/// The node a module belongs to: its floor and, below the floor's root, its first module.
+/// Directories of peer modules: each file in them is a node of its own, as the files were when
+/// they sat one level up (`proxy/http1/` holds the HTTP/1.1 stack by concern: its framing sits
+/// below the request body the services see, its server and client above it).
+const PEER_DIRS: [(&str, &str); 1] = [("proxy", "http1")];
+
+fn peer_dir(floor: &str, first: &str) -> bool {
+    PEER_DIRS.contains(&(floor, first))
+}
+
+/// The node a module belongs to: its floor and, below the floor's root, its first module (its
+/// second, in a directory of peer modules).
 fn node_of(module: &[String]) -> String {
     match module {
         [] => "crate".to_string(),
         [floor] => floor.clone(),
+        [floor, first, second, ..] if peer_dir(floor, first) => {
+            format!("{floor}/{first}/{second}")
+        }
         [floor, first, ..] => format!("{floor}/{first}"),
     }
 }
@@ -168,6 +181,12 @@ fn modules(files: &[PathBuf]) -> BTreeSet<Vec<String>> {
 fn resolve(path: &[String], known: &BTreeSet<Vec<String>>) -> String {
     match path {
         [floor, ..] if !FLOORS.contains(&floor.as_str()) => "crate".to_string(),
+        [floor, first, second, ..]
+            if peer_dir(floor, first)
+                && known.contains(&vec![floor.clone(), first.clone(), second.clone()]) =>
+        {
+            format!("{floor}/{first}/{second}")
+        }
         [floor, first, ..] if known.contains(&vec![floor.clone(), first.clone()]) => {
             format!("{floor}/{first}")
         }

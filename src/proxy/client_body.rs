@@ -10,7 +10,9 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
-use super::http1::request_body::Streamed;
+// The error types live beside the HTTP/1.1 body that makes most of them; HTTP/2's come from
+// hyper through the same type.
+pub(crate) use super::http1::request_body::{ClientBodyError, ClientFault, Streamed};
 
 /// The request body handed to the services.
 pub(crate) struct ClientBody {
@@ -41,79 +43,6 @@ impl ClientBody {
     pub(crate) fn http2(body: Incoming) -> ClientBody {
         ClientBody {
             kind: Kind::Http2(body),
-        }
-    }
-}
-
-/// How a client failed its own request body.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ClientFault {
-    /// The body was not valid HTTP (a bad chunk size, a length that lies).
-    Malformed,
-    /// The client went away before its body was complete.
-    Gone,
-    /// The client paused longer than `timeouts.request_body`.
-    Stalled,
-}
-
-/// How the client failed its body.
-#[derive(Debug)]
-pub(crate) enum ClientBodyError {
-    /// Bytes that are not valid HTTP/1.1 body framing.
-    Malformed(&'static str),
-    /// The client closed or broke the connection before its body was complete.
-    Gone(Option<std::io::Error>),
-    Http2(hyper::Error),
-}
-
-impl ClientBodyError {
-    pub(crate) fn fault(&self) -> ClientFault {
-        match self {
-            ClientBodyError::Malformed(_) => ClientFault::Malformed,
-            ClientBodyError::Gone(_) => ClientFault::Gone,
-            ClientBodyError::Http2(e) => classify(e),
-        }
-    }
-}
-
-/// How hyper says a client's body failed: bytes that are not valid framing (a parse error, or an
-/// I/O error of kind `InvalidData` or `InvalidInput`), or a client gone.
-fn classify(error: &hyper::Error) -> ClientFault {
-    if error.is_parse() {
-        return ClientFault::Malformed;
-    }
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
-            if matches!(
-                io.kind(),
-                std::io::ErrorKind::InvalidData | std::io::ErrorKind::InvalidInput
-            ) {
-                return ClientFault::Malformed;
-            }
-        }
-        source = cause.source();
-    }
-    ClientFault::Gone
-}
-
-impl std::fmt::Display for ClientBodyError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ClientBodyError::Malformed(what) => write!(f, "malformed body: {what}"),
-            ClientBodyError::Gone(None) => f.write_str("the client closed the connection"),
-            ClientBodyError::Gone(Some(e)) => write!(f, "the client's connection failed: {e}"),
-            ClientBodyError::Http2(e) => e.fmt(f),
-        }
-    }
-}
-
-impl std::error::Error for ClientBodyError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            ClientBodyError::Gone(Some(e)) => Some(e),
-            ClientBodyError::Http2(e) => Some(e),
-            _ => None,
         }
     }
 }

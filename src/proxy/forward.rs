@@ -25,10 +25,10 @@ use prometheus::IntCounter;
 use tokio::time::Instant;
 
 use super::error::Error;
-use super::http1::client::{Outgoing, PooledBody, Unsent, UpstreamError};
+use super::http1::client::{Outgoing, Unsent, UpstreamError};
 use super::http1::head::Framing;
 use super::http1::headers;
-use super::http1::pool::{Checkout, ConnectError, Pool};
+use super::http1::pool::{Checkout, ConnectError, Pool, PooledBody};
 use super::request_body::{RequestBody, Retained, Upload};
 use crate::config::{Limits, Timeouts, Upstream};
 

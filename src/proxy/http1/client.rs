@@ -1,6 +1,6 @@
-//! The connections to the model server: an HTTP/1.1 client of the proxy's own, a pool of
+//! The connections to the model server: an HTTP/1.1 client of the proxy's own (its pool of
 //! keep-alive connections, and the response body that gives its connection back to the pool
-//! when it ends.
+//! when it ends, are in [`super::pool`]).
 //!
 //! The client is the proxy's own, not hyper's, for two reasons. The proxy must know, for every
 //! request, whether its connection was new or reused, how long connecting took, and whether the
@@ -27,19 +27,16 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Bytes, BytesMut};
 use http::header;
 use http::{Method, Response};
-use http_body::{Body, Frame, SizeHint};
+use http_body::Body;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
-use super::body::{Decoder, Malformed};
 use super::head::{self, Framing};
-use super::pool::Pool;
 use super::socket;
 use super::write::{put_field, WriteQueue};
 use crate::proxy::lazy_timer::LazyTimer;
@@ -109,7 +106,7 @@ pub(crate) struct Unsent {
 /// One upstream connection.
 pub(crate) struct Conn {
     stream: TcpStream,
-    read: BytesMut,
+    pub(super) read: BytesMut,
     /// The next read's size.
     read_size: usize,
     /// Bytes received on the connection so far.
@@ -122,7 +119,7 @@ pub(crate) struct Conn {
     /// The request its answer is for, kept from the response head until the answer's first
     /// write ([`PooledBody::written`]) or its end: dropped when the head came, its head's map and
     /// body freed on the first token's way to the client.
-    spent: Option<Outgoing>,
+    pub(super) spent: Option<Outgoing>,
 }
 
 impl Conn {
@@ -167,7 +164,7 @@ impl Conn {
     /// Room is made once bytes are there to read: by then the frames handed on from the buffer
     /// have usually been written and dropped, and the room is made in the buffer they leave
     /// (a new one for every few frames otherwise, while the last frame waits to be written).
-    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+    pub(super) fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         if self.read.capacity() - self.read.len() < self.read_size / 2 {
             ready!(self.stream.poll_read_ready(cx))?;
             self.read.reserve(self.read_size);
@@ -353,158 +350,6 @@ fn carries_body(method: &Method) -> bool {
     )
 }
 
-/// The upstream's response body, read straight from its connection: each frame is a slice of
-/// the read buffer. When it ends cleanly its connection goes back to the pool. Dropped before
-/// its end (the client went away), the connection is closed with it, which stops the model
-/// server's generation.
-pub(crate) struct PooledBody {
-    conn: Option<Box<Conn>>,
-    pool: Arc<Pool>,
-    decoder: Decoder,
-    // An error held back for one poll (see poll_frame).
-    failed: Option<UpstreamError>,
-    // Its server says when what it handed on was written (`keep_request_until_written`): the
-    // request is dropped then. Otherwise (hyper's HTTP/2) it is dropped at the first poll.
-    deferred: bool,
-}
-
-impl PooledBody {
-    pub(crate) fn new(conn: Box<Conn>, framing: Framing, pool: Arc<Pool>) -> Self {
-        let decoder = match framing {
-            Framing::Empty => Decoder::empty(),
-            Framing::Length(n) => Decoder::length(n),
-            Framing::Chunked => Decoder::chunked(),
-            Framing::Close => Decoder::until_close(),
-        };
-        let mut body = PooledBody {
-            conn: Some(conn),
-            pool,
-            decoder,
-            failed: None,
-            deferred: false,
-        };
-        body.settle();
-        body
-    }
-
-    /// Once the body is over, its connection goes back to the pool.
-    fn settle(&mut self) {
-        if self.decoder.is_done() {
-            if let Some(conn) = self.conn.take() {
-                self.pool.checkin(conn);
-            }
-        }
-    }
-
-    /// The next frame the buffer holds, if any.
-    fn decode(&mut self) -> Result<Option<Frame<Bytes>>, UpstreamError> {
-        let Some(conn) = self.conn.as_mut() else {
-            return Ok(None);
-        };
-        self.decoder
-            .next(&mut conn.read)
-            .map_err(|Malformed(what)| UpstreamError::Invalid(what))
-    }
-}
-
-impl Body for PooledBody {
-    type Data = Bytes;
-    type Error = UpstreamError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, UpstreamError>>> {
-        let this = &mut *self;
-        if let Some(error) = this.failed.take() {
-            return Poll::Ready(Some(Err(error)));
-        }
-        if !this.deferred {
-            if let Some(conn) = this.conn.as_mut() {
-                conn.spent = None;
-            }
-        }
-        loop {
-            match this.decode() {
-                Ok(Some(frame)) => {
-                    this.settle();
-                    return Poll::Ready(Some(Ok(frame)));
-                }
-                Ok(None) if this.decoder.is_done() => {
-                    this.settle();
-                    return Poll::Ready(None);
-                }
-                Ok(None) => {}
-                Err(error) => return this.fail(error, cx),
-            }
-            let Some(conn) = this.conn.as_mut() else {
-                return Poll::Ready(None);
-            };
-            match ready!(conn.poll_fill(cx)) {
-                Ok(0) => {
-                    this.conn = None;
-                    if this.decoder.close() {
-                        // The close is this body's end; the connection goes with it.
-                        return Poll::Ready(None);
-                    }
-                    return this.fail(UpstreamError::Closed, cx);
-                }
-                Ok(_) => {}
-                Err(e) => return this.fail(UpstreamError::Io(e), cx),
-            }
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.decoder.is_done() && self.failed.is_none()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.decoder.size_hint()
-    }
-}
-
-impl PooledBody {
-    /// Its server will say when what it handed on was written ([`PooledBody::written`]): the
-    /// request its answer is for is dropped then, not at the first poll.
-    pub(crate) fn keep_request_until_written(&mut self) {
-        self.deferred = true;
-    }
-
-    /// What it handed on was written: the request goes once its answer's first frames are out.
-    pub(crate) fn written(&mut self) {
-        if let Some(conn) = self.conn.as_mut() {
-            conn.spent = None;
-        }
-    }
-
-    /// Whether the next frame may be ready without reading the socket: not when the read
-    /// buffer is empty and the body is not over.
-    pub(crate) fn holds_more(&self) -> bool {
-        match &self.conn {
-            Some(conn) => self.failed.is_some() || !conn.read.is_empty() || self.decoder.is_done(),
-            None => true,
-        }
-    }
-}
-
-impl PooledBody {
-    /// The frames handed on before a break may still sit in hyper's write buffer, which an
-    /// error would discard with the client connection: give it one turn to send them (it
-    /// flushes when the body is pending), then report the error.
-    fn fail(
-        &mut self,
-        error: UpstreamError,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, UpstreamError>>> {
-        self.conn = None;
-        self.decoder.abandon();
-        self.failed = Some(error);
-        cx.waker().wake_by_ref();
-        Poll::Pending
-    }
-}
-
 #[cfg(test)]
 mod tests {
     //! The client against a raw socket that answers with exact bytes: framing, trailers, 1xx,
@@ -520,7 +365,11 @@ mod tests {
     use http::StatusCode;
     use tokio::time::Instant;
 
-    use super::super::pool::{ConnectError, IDLE_TIMEOUT};
+    use std::sync::Arc;
+
+    use http_body::Frame;
+
+    use super::super::pool::{ConnectError, Pool, PooledBody, IDLE_TIMEOUT};
     use super::*;
     use crate::proxy::request_body::ReplayBody;
 

@@ -26,9 +26,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-use super::client::{Conn, Outgoing, PooledBody};
+use super::client::{Conn, Outgoing};
 use super::headers;
-use super::pool::Pool;
+use super::pool::{Pool, PooledBody};
 use super::server::{serve, Hyper, Limits};
 use crate::proxy::client_body::ClientBody;
 use crate::proxy::request_body::ReplayBody;

@@ -1,16 +1,24 @@
-//! The pool of keep-alive connections to the model server, kept per shard. A connection goes
-//! back only when its exchange ended cleanly ([`Conn::rest`]); one is handed out only while the
-//! server has not closed it ([`Conn::is_open`]) and it is younger than [`IDLE_TIMEOUT`].
+//! The pool of keep-alive connections to the model server, kept per shard, and the response
+//! body ([`PooledBody`]) that reads an answer straight from its connection and gives the
+//! connection back when the answer ends cleanly ([`Conn::rest`]). A connection is handed out
+//! only while the server has not closed it ([`Conn::is_open`]) and it is younger than
+//! [`IDLE_TIMEOUT`].
 
 use std::collections::VecDeque;
 use std::io;
-use std::sync::Mutex;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use super::client::Conn;
+use super::body::{Decoder, Malformed};
+use super::client::{Conn, UpstreamError};
+use super::head::Framing;
 use crate::proxy::shard;
 
 /// How long an idle connection is kept: under the usual keep-alive timeouts of servers (uvicorn
@@ -170,5 +178,157 @@ impl Pool {
             conn,
             since: Instant::now(),
         });
+    }
+}
+
+/// The upstream's response body, read straight from its connection: each frame is a slice of
+/// the read buffer. When it ends cleanly its connection goes back to the pool. Dropped before
+/// its end (the client went away), the connection is closed with it, which stops the model
+/// server's generation.
+pub(crate) struct PooledBody {
+    pub(super) conn: Option<Box<Conn>>,
+    pool: Arc<Pool>,
+    decoder: Decoder,
+    // An error held back for one poll (see poll_frame).
+    failed: Option<UpstreamError>,
+    // Its server says when what it handed on was written (`keep_request_until_written`): the
+    // request is dropped then. Otherwise (hyper's HTTP/2) it is dropped at the first poll.
+    deferred: bool,
+}
+
+impl PooledBody {
+    pub(crate) fn new(conn: Box<Conn>, framing: Framing, pool: Arc<Pool>) -> Self {
+        let decoder = match framing {
+            Framing::Empty => Decoder::empty(),
+            Framing::Length(n) => Decoder::length(n),
+            Framing::Chunked => Decoder::chunked(),
+            Framing::Close => Decoder::until_close(),
+        };
+        let mut body = PooledBody {
+            conn: Some(conn),
+            pool,
+            decoder,
+            failed: None,
+            deferred: false,
+        };
+        body.settle();
+        body
+    }
+
+    /// Once the body is over, its connection goes back to the pool.
+    fn settle(&mut self) {
+        if self.decoder.is_done() {
+            if let Some(conn) = self.conn.take() {
+                self.pool.checkin(conn);
+            }
+        }
+    }
+
+    /// The next frame the buffer holds, if any.
+    fn decode(&mut self) -> Result<Option<Frame<Bytes>>, UpstreamError> {
+        let Some(conn) = self.conn.as_mut() else {
+            return Ok(None);
+        };
+        self.decoder
+            .next(&mut conn.read)
+            .map_err(|Malformed(what)| UpstreamError::Invalid(what))
+    }
+}
+
+impl Body for PooledBody {
+    type Data = Bytes;
+    type Error = UpstreamError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, UpstreamError>>> {
+        let this = &mut *self;
+        if let Some(error) = this.failed.take() {
+            return Poll::Ready(Some(Err(error)));
+        }
+        if !this.deferred {
+            if let Some(conn) = this.conn.as_mut() {
+                conn.spent = None;
+            }
+        }
+        loop {
+            match this.decode() {
+                Ok(Some(frame)) => {
+                    this.settle();
+                    return Poll::Ready(Some(Ok(frame)));
+                }
+                Ok(None) if this.decoder.is_done() => {
+                    this.settle();
+                    return Poll::Ready(None);
+                }
+                Ok(None) => {}
+                Err(error) => return this.fail(error, cx),
+            }
+            let Some(conn) = this.conn.as_mut() else {
+                return Poll::Ready(None);
+            };
+            match ready!(conn.poll_fill(cx)) {
+                Ok(0) => {
+                    this.conn = None;
+                    if this.decoder.close() {
+                        // The close is this body's end; the connection goes with it.
+                        return Poll::Ready(None);
+                    }
+                    return this.fail(UpstreamError::Closed, cx);
+                }
+                Ok(_) => {}
+                Err(e) => return this.fail(UpstreamError::Io(e), cx),
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.decoder.is_done() && self.failed.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.decoder.size_hint()
+    }
+}
+
+impl PooledBody {
+    /// Its server will say when what it handed on was written ([`PooledBody::written`]): the
+    /// request its answer is for is dropped then, not at the first poll.
+    pub(crate) fn keep_request_until_written(&mut self) {
+        self.deferred = true;
+    }
+
+    /// What it handed on was written: the request goes once its answer's first frames are out.
+    pub(crate) fn written(&mut self) {
+        if let Some(conn) = self.conn.as_mut() {
+            conn.spent = None;
+        }
+    }
+
+    /// Whether the next frame may be ready without reading the socket: not when the read
+    /// buffer is empty and the body is not over.
+    pub(crate) fn holds_more(&self) -> bool {
+        match &self.conn {
+            Some(conn) => self.failed.is_some() || !conn.read.is_empty() || self.decoder.is_done(),
+            None => true,
+        }
+    }
+}
+
+impl PooledBody {
+    /// The frames handed on before a break may still sit in hyper's write buffer, which an
+    /// error would discard with the client connection: give it one turn to send them (it
+    /// flushes when the body is pending), then report the error.
+    fn fail(
+        &mut self,
+        error: UpstreamError,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, UpstreamError>>> {
+        self.conn = None;
+        self.decoder.abandon();
+        self.failed = Some(error);
+        cx.waker().wake_by_ref();
+        Poll::Pending
     }
 }
