@@ -81,9 +81,7 @@ fn the_hot_code_list_pins_no_hash_and_names_functions_that_exist() {
         .filter(|p| {
             p.match_indices("17h").any(|(at, _)| {
                 let hash = &p.as_bytes()[at + 3..];
-                hash.len() >= 17
-                    && hash[..16].iter().all(u8::is_ascii_hexdigit)
-                    && hash[16] == b'E'
+                hash.len() >= 17 && hash[..16].iter().all(u8::is_ascii_hexdigit) && hash[16] == b'E'
             })
         })
         .collect();
