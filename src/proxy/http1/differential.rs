@@ -607,6 +607,19 @@ where
     failures
 }
 
+/// Fails with the first few cases that disagree, and the seed to replay them.
+fn assert_agreed(failures: &[String]) {
+    let shown: Vec<&str> = failures.iter().take(5).map(String::as_str).collect();
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases disagree (seed {}):\n{}",
+        failures.len(),
+        cases(),
+        seed(),
+        shown.join("\n")
+    );
+}
+
 /// Request bytes into tokenmeter's server and hyper's: the same requests handed on, the same
 /// refusals, but where a documented stricter rule has tokenmeter refuse what hyper took.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -634,19 +647,7 @@ async fn the_server_decides_as_hyper_does() {
         }
     })
     .await;
-    let shown: Vec<_> = failures.iter().take(5).collect();
-    assert!(
-        failures.is_empty(),
-        "{} of {} cases disagree (seed {}):\n{}",
-        failures.len(),
-        cases(),
-        seed(),
-        shown
-            .iter()
-            .map(|s| s.as_str())
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
+    assert_agreed(&failures);
     eprintln!(
         "server side: {} cases, {} where tokenmeter was stricter by a documented rule",
         cases(),
@@ -858,17 +859,5 @@ async fn the_client_reads_as_hyper_does() {
         }
     })
     .await;
-    let shown: Vec<_> = failures.iter().take(5).collect();
-    assert!(
-        failures.is_empty(),
-        "{} of {} cases disagree (seed {}):\n{}",
-        failures.len(),
-        cases(),
-        seed(),
-        shown
-            .iter()
-            .map(|s| s.as_str())
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
+    assert_agreed(&failures);
 }
