@@ -14,7 +14,7 @@
 //! (`listener::SPILL`): one event loop serves a light load at the least CPU per frame, and more
 //! join in as connections grow. Among the shards that accept, a new connection wakes them all and
 //! the first to call `accept` takes it, so an idle shard tends to take it before a busy one. Upstream
-//! connections are pooled per shard (see `upstream.rs`), so a connection is only ever driven by
+//! connections are pooled per shard (see `http1/pool.rs`), so a connection is only ever driven by
 //! the thread whose `epoll` watches it.
 
 use std::cell::Cell;

@@ -524,8 +524,8 @@ pub(crate) fn parse_response(
                 .filter(|f| Hop::of(f.name.as_bytes()) == Some(Hop::TransferEncoding))
                 .map(|f| f.value)
         };
-        let bodiless =
-            is_head || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED;
+        // 1xx answers were skipped above: what `no_body` adds to HEAD is 204 and 304.
+        let bodiless = is_head || no_body(status);
         let mut codings = None;
         let faulty = transfer_coded && version == Version::HTTP_10;
         if faulty && !bodiless {
