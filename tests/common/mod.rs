@@ -6,6 +6,8 @@
 
 #![allow(dead_code)]
 
+pub mod prometheus;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
