@@ -2,7 +2,8 @@
 //! full disk) are counted in `tokenmeter_access_log_dropped_total`, every one, and logged once
 //! rather than once per record; and SIGTERM under load writes one record per request the proxy
 //! took before the process ends. What must never happen again: 1,000 lost records leaving the
-//! counter at 0, and records still queued at exit lost with the process.
+//! counter at 0, and records still queued at exit lost with the process. Every record names the
+//! pod, namespace and deployment its environment (the downward API) or its file says.
 
 mod common;
 
@@ -39,10 +40,32 @@ struct Proxy {
     stderr: mpsc::UnboundedReceiver<String>,
 }
 
+/// The variables a record's identity comes from: a test sets them itself, whatever the
+/// environment that runs it says.
+const IDENTITY_VARS: [&str; 3] = [
+    "TOKENMETER_POD",
+    "TOKENMETER_NAMESPACE",
+    "TOKENMETER_DEPLOYMENT",
+];
+
+/// The binary on `config`, with the identity variables `env` and no other.
+fn command(config: &Path, env: &[(&str, &str)]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tokenmeter"));
+    command.args(["--config", config.to_str().unwrap()]);
+    for var in IDENTITY_VARS {
+        command.env_remove(var);
+    }
+    command.envs(env.iter().copied());
+    command
+}
+
 async fn start(config: &Path) -> Proxy {
+    start_with(config, &[]).await
+}
+
+async fn start_with(config: &Path, env: &[(&str, &str)]) -> Proxy {
     let mut child = Reaped(
-        Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
-            .args(["--config", config.to_str().unwrap()])
+        command(config, env)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -332,4 +355,157 @@ async fn sigterm_under_load_writes_one_record_per_request_taken() {
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_waits_for_a_slow_destination_to_take_every_record() {
     sigterm_under_load(Destination::Slow).await;
+}
+
+/// What the record of the request with `id` says, from a JSON-lines file.
+fn record_of(lines: &[serde_json::Value], id: &str) -> serde_json::Value {
+    lines
+        .iter()
+        .find(|r| r["request_id"] == id)
+        .unwrap_or_else(|| panic!("no record of {id} in {lines:#?}"))
+        .clone()
+}
+
+/// Each record names its pod, namespace and deployment: the environment's (the downward API in
+/// the shipped manifests) where set and not empty, else the file's `identity:` section, else
+/// null; a reload that changes the section changes what the next records say.
+#[tokio::test(flavor = "multi_thread")]
+async fn records_name_the_pod_namespace_and_deployment_the_environment_or_file_says() {
+    let upstream = upstream(|_| chat_stream()).await;
+    let dir = TempDir::new();
+    let (config, records) = (dir.path().join("tm.yaml"), dir.path().join("records.jsonl"));
+    let write_config = |deployment: &str| {
+        std::fs::write(
+            &config,
+            format!(
+                "listen: 127.0.0.1:0\nadmin: 127.0.0.1:0\nupstream: http://{}\n\
+                 access_log: {{path: {}}}\nreload: {{watch_interval: 0s}}\n\
+                 identity: {{pod: from-the-file, deployment: {deployment}}}\n",
+                upstream.addr,
+                records.display()
+            ),
+        )
+        .unwrap()
+    };
+    write_config("chat");
+    // The pod from the environment beats the file's; an empty deployment (a label the pod
+    // lacks) leaves the file's.
+    let mut proxy = start_with(
+        &config,
+        &[
+            ("TOKENMETER_POD", "llm-7d9f8c6b5-x2x4q"),
+            ("TOKENMETER_NAMESPACE", "inference"),
+            ("TOKENMETER_DEPLOYMENT", ""),
+            ("HOSTNAME", "node-1"),
+        ],
+    )
+    .await;
+    let url = format!("http://{}/v1/chat/completions", proxy.listen);
+    let request = |id: &'static str| {
+        let url = url.clone();
+        async move {
+            let got = send(
+                &url,
+                "POST",
+                &chat_request("m"),
+                &[("x-request-id", id)],
+                false,
+            )
+            .await;
+            assert_eq!(got.status, 200);
+        }
+    };
+    request("before").await;
+    write_config("chat-v2");
+    proxy.signal("-HUP");
+    loop {
+        let line = timeout(Duration::from_secs(10), proxy.stderr.recv())
+            .await
+            .expect("the reload is logged within 10 s")
+            .expect("the proxy runs");
+        assert!(!line.contains("ERROR"), "{line}");
+        if line.contains("configuration reloaded") {
+            break;
+        }
+    }
+    request("after").await;
+    proxy.signal("-TERM");
+    let (code, _) = proxy.exit().await;
+    assert_eq!(code, Some(0));
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&records)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("whole JSON lines"))
+        .collect();
+    assert_eq!(lines.len(), 2, "{lines:#?}");
+    for (id, deployment) in [("before", "chat"), ("after", "chat-v2")] {
+        let r = record_of(&lines, id);
+        assert_eq!(
+            (&r["pod"], &r["namespace"], &r["deployment"]),
+            (
+                &serde_json::json!("llm-7d9f8c6b5-x2x4q"),
+                &serde_json::json!("inference"),
+                &serde_json::json!(deployment)
+            ),
+            "{id}: {r}"
+        );
+    }
+}
+
+/// Without environment or file, the names are unknown: null, never a guess.
+#[tokio::test(flavor = "multi_thread")]
+async fn without_environment_or_file_the_names_are_null() {
+    let upstream = upstream(|_| chat_stream()).await;
+    let dir = TempDir::new();
+    let (config, records) = (dir.path().join("tm.yaml"), dir.path().join("records.jsonl"));
+    std::fs::write(
+        &config,
+        format!(
+            "listen: 127.0.0.1:0\nadmin: 127.0.0.1:0\nupstream: http://{}\naccess_log: {{path: {}}}\n",
+            upstream.addr,
+            records.display()
+        ),
+    )
+    .unwrap();
+    let proxy = start_with(&config, &[("HOSTNAME", "node-1")]).await;
+    let url = format!("http://{}/v1/chat/completions", proxy.listen);
+    let got = send(
+        &url,
+        "POST",
+        &chat_request("m"),
+        &[("x-request-id", "r")],
+        false,
+    )
+    .await;
+    assert_eq!(got.status, 200);
+    proxy.signal("-TERM");
+    let (code, _) = proxy.exit().await;
+    assert_eq!(code, Some(0));
+    let text = std::fs::read_to_string(&records).unwrap();
+    let r: serde_json::Value = serde_json::from_str(text.trim()).expect("one JSON line");
+    for field in ["pod", "namespace", "deployment"] {
+        assert!(r[field].is_null(), "{field} in {r}");
+    }
+}
+
+/// A name from the environment that is not a name stops the start with one line naming the
+/// variable, rather than being written into every record.
+#[test]
+fn a_bad_name_in_the_environment_is_refused_at_start() {
+    let dir = TempDir::new();
+    let config = dir.path().join("tm.yaml");
+    std::fs::write(
+        &config,
+        "listen: 127.0.0.1:0\nadmin: 127.0.0.1:0\naccess_log: {path: \"-\"}\n",
+    )
+    .unwrap();
+    let out = command(&config, &[("TOKENMETER_DEPLOYMENT", "chat model")])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("TOKENMETER_DEPLOYMENT: `chat model` must be"),
+        "{err}"
+    );
 }

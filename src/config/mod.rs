@@ -16,6 +16,7 @@
 mod bounded;
 mod excerpt;
 mod file;
+mod identity;
 mod nesting;
 
 use std::collections::BTreeMap;
@@ -30,6 +31,7 @@ use serde::Deserialize;
 use bounded::{Entries, List, Optional, Plain, Text};
 pub use excerpt::{excerpt, one_line};
 pub use file::{read as read_file, MAX_FILE_BYTES};
+pub use identity::Identity;
 pub use nesting::MAX_NESTING;
 
 /// The name of the route that takes every request no configured route matched.
@@ -57,6 +59,9 @@ pub struct Config {
     pub upstream: Upstream,
     /// The per-request record; absent means none is written.
     pub access_log: Option<AccessLog>,
+    /// The pod, namespace and deployment the record names where the environment does not say
+    /// them ([`Identity::resolve`]).
+    pub identity: Identity,
     pub timeouts: Timeouts,
     /// Routes in match order; the first match wins.
     #[serde(deserialize_with = "routes")]
@@ -218,6 +223,7 @@ impl Default for Config {
             admin: SocketAddr::from(([0, 0, 0, 0], 9464)),
             upstream: Upstream::parse("http://127.0.0.1:8000").expect("built-in upstream is valid"),
             access_log: None,
+            identity: Identity::default(),
             timeouts: Timeouts::default(),
             routes: Vec::new(),
             models: None,

@@ -300,8 +300,14 @@ fn build(
 ) -> std::io::Result<Generation> {
     let same = |f: &dyn Fn(&Config) -> bool| before.is_some_and(f);
     let access_log = match (previous, &config.access_log) {
-        (Some(p), log) if same(&|b| b.access_log == *log) => p.meter.access_log.clone(),
-        (_, Some(log)) => Some(record::start(log, metrics.access_log_dropped.clone())?),
+        (Some(p), log) if same(&|b| b.access_log == *log && b.identity == config.identity) => {
+            p.meter.access_log.clone()
+        }
+        (_, Some(log)) => Some(record::start(
+            log,
+            &config.identity,
+            metrics.access_log_dropped.clone(),
+        )?),
         (_, None) => None,
     };
     let forwarder = match previous {

@@ -6,6 +6,10 @@
 //! (a full disk), each record lost counted once and the failure logged once, not per record.
 //! At exit [`RecordSink::close`] writes and flushes everything queued, within a bound. Prompts
 //! and completions are never part of a record.
+//!
+//! Who wrote a record (its pod, namespace and deployment) is the same for every record of a
+//! process: it is resolved once, when the writer starts, and the writer adds it as it formats
+//! each line, so the request path never carries it.
 
 use std::fs::OpenOptions;
 use std::io::{self, Write};
@@ -18,13 +22,13 @@ use prometheus::IntCounter;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::config::{AccessLog, LogFormat, LogPath};
+use crate::config::{AccessLog, Identity, LogFormat, LogPath};
 
 /// How many finished records may wait for the writer before new ones are dropped.
 const QUEUE_DEPTH: usize = 8192;
 
-/// The columns, in order; also the CSV header.
-pub const COLUMNS: [&str; 46] = [
+/// The columns, in order; also the CSV header. The writer's own (who wrote the record) come last.
+pub const COLUMNS: [&str; 49] = [
     "ts",
     "request_id",
     "route",
@@ -71,6 +75,9 @@ pub const COLUMNS: [&str; 46] = [
     "engine_running",
     "engine_waiting",
     "engine_kv_usage",
+    "pod",
+    "namespace",
+    "deployment",
 ];
 
 /// One finished request, as `docs/MEASUREMENT.md` lists it. Missing values are `None`.
@@ -215,6 +222,27 @@ impl Record {
     }
 }
 
+/// One line as written: the request's record and who wrote it, in the order of [`COLUMNS`].
+#[derive(Serialize)]
+struct Line<'a> {
+    #[serde(flatten)]
+    record: &'a Record,
+    pod: Option<&'a str>,
+    namespace: Option<&'a str>,
+    deployment: Option<&'a str>,
+}
+
+impl<'a> Line<'a> {
+    fn new(record: &'a Record, identity: &'a Identity) -> Self {
+        Line {
+            record,
+            pod: identity.pod.as_deref(),
+            namespace: identity.namespace.as_deref(),
+            deployment: identity.deployment.as_deref(),
+        }
+    }
+}
+
 /// What the writer thread is asked to do.
 enum Message {
     Write(Box<Record>),
@@ -351,14 +379,23 @@ fn open(path: &LogPath) -> io::Result<Box<dyn Write + Send>> {
     })
 }
 
-/// Opens the record's destination and starts its writer thread. The thread ends when every
-/// sink clone is gone (after a reload that changed the destination), or on [`RecordSink::close`].
-pub(crate) fn start(config: &AccessLog, dropped: IntCounter) -> io::Result<RecordSink> {
+/// Opens the record's destination and starts its writer thread, which names in every record
+/// the pod, namespace and deployment that `identity` and the environment say
+/// ([`Identity::resolve`]). The thread ends when every sink clone is gone (after a reload that
+/// changed the destination), or on [`RecordSink::close`].
+pub(crate) fn start(
+    config: &AccessLog,
+    identity: &Identity,
+    dropped: IntCounter,
+) -> io::Result<RecordSink> {
+    let identity = identity
+        .from_environment()
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let header = needs_header(&config.path);
     let out = open(&config.path)?;
     let (tx, rx) = mpsc::sync_channel(QUEUE_DEPTH);
     let config = config.clone();
-    let writer = Writer::new(out, config.format, header, dropped.clone());
+    let writer = Writer::new(out, config.format, identity, header, dropped.clone());
     let writer = thread::Builder::new()
         .name("tokenmeter-access-log".into())
         .spawn(move || writer.run(rx, &config))?;
@@ -382,6 +419,8 @@ fn needs_header(path: &LogPath) -> bool {
 struct Writer {
     out: Box<dyn Write + Send>,
     format: LogFormat,
+    /// Who writes: added to every record.
+    identity: Identity,
     batch: Vec<u8>,
     /// Where each record in `batch` ends.
     ends: Vec<usize>,
@@ -403,12 +442,14 @@ impl Writer {
     fn new(
         out: Box<dyn Write + Send>,
         format: LogFormat,
+        identity: Identity,
         header: bool,
         dropped: IntCounter,
     ) -> Self {
         let mut writer = Writer {
             out,
             format,
+            identity,
             batch: Vec::with_capacity(BATCH_BYTES),
             ends: Vec::new(),
             torn: false,
@@ -470,14 +511,23 @@ impl Writer {
         match self.format {
             LogFormat::Jsonl => {
                 let before = self.batch.len();
-                if serde_json::to_writer(&mut self.batch, record).is_err() {
+                let line = Line::new(record, &self.identity);
+                if serde_json::to_writer(&mut self.batch, &line).is_err() {
                     self.batch.truncate(before);
                     self.dropped.inc();
                     return;
                 }
                 self.batch.push(b'\n');
             }
-            LogFormat::Csv => self.csv_row(record.csv_fields()),
+            LogFormat::Csv => {
+                let who = [
+                    &self.identity.pod,
+                    &self.identity.namespace,
+                    &self.identity.deployment,
+                ]
+                .map(|name| name.clone().unwrap_or_default());
+                self.csv_row(record.csv_fields().into_iter().chain(who));
+            }
         }
         self.ends.push(self.batch.len());
     }
@@ -669,7 +719,7 @@ mod tests {
     /// counter at 0), nor be counted twice.
     #[test]
     fn every_record_a_full_disk_refuses_is_counted_once() {
-        let line = serde_json::to_vec(&record()).unwrap().len() + 1;
+        let line = lines(LogFormat::Jsonl, Identity::default(), 1).len();
         let taken = Arc::new(Mutex::new(Vec::new()));
         let dropped = counter();
         // Room for two records and half of a third.
@@ -677,7 +727,13 @@ mod tests {
             room: 2 * line + line / 2,
             taken: taken.clone(),
         };
-        let mut writer = Writer::new(Box::new(disk), LogFormat::Jsonl, false, dropped.clone());
+        let mut writer = Writer::new(
+            Box::new(disk),
+            LogFormat::Jsonl,
+            Identity::default(),
+            false,
+            dropped.clone(),
+        );
         for _ in 0..5 {
             writer.push(&record());
         }
@@ -699,7 +755,7 @@ mod tests {
 
     #[test]
     fn after_a_torn_line_the_next_records_start_on_a_line_of_their_own() {
-        let line = serde_json::to_vec(&record()).unwrap().len() + 1;
+        let line = lines(LogFormat::Jsonl, Identity::default(), 1).len();
         let taken = Arc::new(Mutex::new(Vec::new()));
         let dropped = counter();
         let mut writer = Writer::new(
@@ -708,6 +764,7 @@ mod tests {
                 taken: taken.clone(),
             }),
             LogFormat::Jsonl,
+            Identity::default(),
             false,
             dropped.clone(),
         );
@@ -741,7 +798,7 @@ mod tests {
             format: LogFormat::Jsonl,
         };
         let dropped = counter();
-        let sink = start(&config, dropped.clone()).unwrap();
+        let sink = start(&config, &Identity::default(), dropped.clone()).unwrap();
         for _ in 0..QUEUE_DEPTH {
             sink.send(record());
         }
@@ -770,7 +827,13 @@ mod tests {
         }
         let (release, hung) = mpsc::channel();
         let (tx, rx) = mpsc::sync_channel(QUEUE_DEPTH);
-        let writer = Writer::new(Box::new(Hung(hung)), LogFormat::Jsonl, false, counter());
+        let writer = Writer::new(
+            Box::new(Hung(hung)),
+            LogFormat::Jsonl,
+            Identity::default(),
+            false,
+            counter(),
+        );
         let config = AccessLog {
             path: LogPath::Stdout,
             format: LogFormat::Jsonl,
@@ -788,9 +851,35 @@ mod tests {
         drop(release);
     }
 
+    /// What a writer with `identity` writes for `n` records (a CSV header first).
+    fn lines(format: LogFormat, identity: Identity, n: usize) -> String {
+        let taken = Arc::new(Mutex::new(Vec::new()));
+        let disk = Disk {
+            room: usize::MAX,
+            taken: taken.clone(),
+        };
+        let header = format == LogFormat::Csv;
+        let mut writer = Writer::new(Box::new(disk), format, identity, header, counter());
+        for _ in 0..n {
+            writer.push(&record());
+        }
+        writer.write_batch();
+        let text = String::from_utf8(taken.lock().unwrap().clone()).unwrap();
+        text
+    }
+
+    fn who() -> Identity {
+        Identity {
+            pod: Some("llm-7d9f8c6b5-x2x4q".into()),
+            namespace: Some("inference".into()),
+            deployment: None,
+        }
+    }
+
     #[test]
     fn json_has_every_column_in_order_with_nulls() {
-        let v = serde_json::to_value(record()).unwrap();
+        let text = lines(LogFormat::Jsonl, Identity::default(), 1);
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
         let keys: Vec<_> = v.as_object().unwrap().keys().cloned().collect();
         let mut expected: Vec<_> = COLUMNS.iter().map(|s| s.to_string()).collect();
         expected.sort();
@@ -798,7 +887,38 @@ mod tests {
         got.sort();
         assert_eq!(got, expected);
         assert!(v["model"].is_null() && v["slo"].is_null());
+        assert!(v["pod"].is_null() && v["namespace"].is_null() && v["deployment"].is_null());
         assert_eq!(v["violated"], serde_json::json!(["ttft", "tpot"]));
+    }
+
+    /// Every record names who wrote it, in JSON and in CSV, under the header's names; an unknown
+    /// name is null in JSON and empty in CSV.
+    #[test]
+    fn every_record_names_its_pod_namespace_and_deployment() {
+        let text = lines(LogFormat::Jsonl, who(), 2);
+        for line in text.lines() {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            assert_eq!(v["pod"], "llm-7d9f8c6b5-x2x4q");
+            assert_eq!(v["namespace"], "inference");
+            assert!(v["deployment"].is_null());
+            assert_eq!(
+                v["route"], "default",
+                "the record's own fields are all there"
+            );
+        }
+        let text = lines(LogFormat::Csv, who(), 2);
+        let mut csv = csv::Reader::from_reader(text.as_bytes());
+        let header: Vec<String> = csv.headers().unwrap().iter().map(String::from).collect();
+        assert_eq!(header, COLUMNS);
+        let rows: Vec<csv::StringRecord> = csv.records().map(Result::unwrap).collect();
+        assert_eq!(rows.len(), 2);
+        for row in rows {
+            let at = |name: &str| &row[COLUMNS.iter().position(|c| *c == name).unwrap()];
+            assert_eq!(
+                (at("pod"), at("namespace"), at("deployment"), at("route")),
+                ("llm-7d9f8c6b5-x2x4q", "inference", "", "default")
+            );
+        }
     }
 
     #[test]
@@ -813,10 +933,13 @@ mod tests {
             "{line}"
         );
         assert!(line.contains(",ttft;tpot,stop,10,3,usage,5,"), "{line}");
+        let text = lines(LogFormat::Csv, Identity::default(), 1);
+        let row = text.lines().nth(1).unwrap();
+        assert!(row.starts_with(line.trim_end()), "{row}");
         assert_eq!(
             csv::ReaderBuilder::new()
                 .has_headers(false)
-                .from_reader(line.as_bytes())
+                .from_reader(row.as_bytes())
                 .records()
                 .next()
                 .unwrap()
