@@ -66,6 +66,59 @@ fn container<'a>(deployment: &'a Value, list: &str, name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {name} in {list}"))
 }
 
+/// Removes the environment variable `name` from a container and returns its entry.
+fn take_env(container: &mut Value, name: &str) -> Value {
+    let env = container["env"]
+        .as_sequence_mut()
+        .expect("the sidecar has an env list");
+    let at = env
+        .iter()
+        .position(|v| v["name"].as_str() == Some(name))
+        .unwrap_or_else(|| panic!("no {name} in {env:?}"));
+    env.remove(at)
+}
+
+/// What an env entry that reads a pod label (`fieldPath: metadata.labels['KEY']`) gives in
+/// this Deployment's pods: the pod template's label.
+fn deployment_from_label<'a>(deployment: &'a Value, entry: &Value) -> Option<&'a str> {
+    let path = entry["valueFrom"]["fieldRef"]["fieldPath"]
+        .as_str()
+        .unwrap_or_else(|| panic!("not a fieldRef: {entry:?}"));
+    let label = path
+        .strip_prefix("metadata.labels['")
+        .and_then(|rest| rest.strip_suffix("']"))
+        .unwrap_or_else(|| panic!("not a label: {path}"));
+    deployment["spec"]["template"]["metadata"]["labels"][label].as_str()
+}
+
+/// The records of an injected pod name it: pod and namespace from the downward API, the
+/// injected Deployment by name, in both forms.
+#[test]
+fn the_injected_sidecar_names_its_pod_namespace_and_deployment() {
+    let plain = read("k8s/examples/vllm.yaml");
+    for (args, list) in [
+        (&[][..], "initContainers"),
+        (&["--classic"][..], "containers"),
+    ] {
+        let out = documents(&injected(&plain, args));
+        let mut sidecar = container(find(&out, "Deployment"), list, "tokenmeter").clone();
+        for (name, field) in [
+            ("TOKENMETER_POD", "metadata.name"),
+            ("TOKENMETER_NAMESPACE", "metadata.namespace"),
+        ] {
+            let entry = take_env(&mut sidecar, name);
+            assert_eq!(
+                entry["valueFrom"]["fieldRef"]["fieldPath"].as_str(),
+                Some(field),
+                "{args:?} {name}"
+            );
+        }
+        let entry = take_env(&mut sidecar, "TOKENMETER_DEPLOYMENT");
+        assert_eq!(entry["value"].as_str(), Some("vllm"), "{args:?}");
+        assert_eq!(sidecar["env"].as_sequence().map(Vec::len), Some(0));
+    }
+}
+
 #[test]
 fn the_vllm_example_injects_to_the_expected_manifests() {
     let plain = read("k8s/examples/vllm.yaml");
@@ -122,11 +175,26 @@ fn the_injected_sidecar_is_the_one_in_the_k8s_manifests() {
         let out = documents(&injected(&plain, args));
         let docs = documents(&read(manifest));
         let mut ours = container(find(&out, "Deployment"), list, "tokenmeter").clone();
-        let theirs = container(find(&docs, "Deployment"), list, "tokenmeter");
+        let mut theirs = container(find(&docs, "Deployment"), list, "tokenmeter").clone();
         // The manifests pin no version of their own; the example's image is the crate's.
         ours["image"] = theirs["image"].clone();
+        // The one difference allowed: the deployment the records name. The manifests read it
+        // from the pod's label, inject writes the injected workload's name; each must give
+        // its own Deployment's name.
+        let ours_deployment = take_env(&mut ours, "TOKENMETER_DEPLOYMENT");
+        let theirs_deployment = take_env(&mut theirs, "TOKENMETER_DEPLOYMENT");
         assert_eq!(
-            &ours, theirs,
+            ours_deployment["value"].as_str(),
+            find(&out, "Deployment")["metadata"]["name"].as_str(),
+            "inject names the Deployment it injected"
+        );
+        assert_eq!(
+            deployment_from_label(find(&docs, "Deployment"), &theirs_deployment),
+            find(&docs, "Deployment")["metadata"]["name"].as_str(),
+            "{manifest}: the label TOKENMETER_DEPLOYMENT reads must name the Deployment"
+        );
+        assert_eq!(
+            &ours, &theirs,
             "{manifest} and `tokenmeter inject {args:?}` disagree"
         );
         let volume = |d: &Value| {

@@ -254,6 +254,31 @@ fn pods_outlast_the_drain_and_mount_the_config_as_a_directory() {
                 "{path} {probe}"
             );
         }
+        // The records name the pod, its namespace and its Deployment (docs/kubernetes.md).
+        let env = |name: &str| {
+            sidecar["env"]
+                .as_sequence()
+                .unwrap_or_else(|| panic!("{path}: the sidecar has no env"))
+                .iter()
+                .find(|v| v["name"].as_str() == Some(name))
+                .unwrap_or_else(|| panic!("{path}: no {name}"))["valueFrom"]["fieldRef"]
+                ["fieldPath"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{path}: {name} is not from the downward API"))
+                .to_string()
+        };
+        assert_eq!(env("TOKENMETER_POD"), "metadata.name", "{path}");
+        assert_eq!(env("TOKENMETER_NAMESPACE"), "metadata.namespace", "{path}");
+        let label = env("TOKENMETER_DEPLOYMENT");
+        let label = label
+            .strip_prefix("metadata.labels['")
+            .and_then(|l| l.strip_suffix("']"))
+            .unwrap_or_else(|| panic!("{path}: TOKENMETER_DEPLOYMENT reads {label}, not a label"));
+        assert_eq!(
+            docs[0]["spec"]["template"]["metadata"]["labels"][label].as_str(),
+            docs[0]["metadata"]["name"].as_str(),
+            "{path}: the pod label TOKENMETER_DEPLOYMENT reads must be the Deployment's name"
+        );
         let sc = &sidecar["securityContext"];
         assert_eq!(sc["runAsNonRoot"].as_bool(), Some(true));
         assert_eq!(sc["readOnlyRootFilesystem"].as_bool(), Some(true));

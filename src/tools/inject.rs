@@ -5,7 +5,9 @@
 //! given the sidecar (a native sidecar by default, a second container with `--classic`), the
 //! ConfigMap volume it reads its configuration from (a directory mount, so hot reload sees the
 //! ConfigMap's updates), its probes and its restricted security context, all as in `k8s/`; the
-//! upstream is the model container's first `containerPort`. Each Service that selects those pods
+//! upstream is the model container's first `containerPort`. The sidecar's environment names who
+//! writes its records: the pod and its namespace from the downward API, and the workload's own
+//! name as the deployment (the downward API has no field for it). Each Service that selects those pods
 //! and sends to the model server's port is moved to tokenmeter's port, so all traffic is
 //! measured. A document that needs no change is written back byte for byte, comments included,
 //! which makes injecting twice a no-op.
@@ -16,6 +18,8 @@ use std::process::ExitCode;
 
 use clap::Args;
 use serde_yaml::{Mapping, Value};
+
+use crate::Identity;
 
 /// The sidecar's container name; its presence marks a pod template as injected.
 pub const CONTAINER: &str = "tokenmeter";
@@ -289,6 +293,11 @@ fn inject_workload(value: &mut Value, args: &InjectArgs) -> Result<(Workload, bo
         .and_then(|m| m.get("namespace"))
         .and_then(Value::as_str)
         .map(String::from);
+    let name = root
+        .get("metadata")
+        .and_then(|m| m.get("name"))
+        .and_then(Value::as_str)
+        .map(String::from);
     let spec = mapping_at(root, "spec", "")?;
     let template = mapping_at(spec, "template", "spec.")?;
     let labels = template
@@ -377,7 +386,7 @@ fn inject_workload(value: &mut Value, args: &InjectArgs) -> Result<(Workload, bo
         ));
     }
 
-    let container = sidecar(args, model_port);
+    let container = sidecar(args, model_port, name.as_deref());
     let list = if args.classic {
         "containers"
     } else {
@@ -391,12 +400,22 @@ fn inject_workload(value: &mut Value, args: &InjectArgs) -> Result<(Workload, bo
     Ok((workload, true))
 }
 
-/// The sidecar container, as in k8s/deployment.yaml (tests/inject.rs holds the two together).
-fn sidecar(args: &InjectArgs, model_port: u16) -> Value {
+/// The sidecar container, as in k8s/deployment.yaml (tests/inject.rs holds the two together),
+/// but for the deployment its records name: the manifests read it from the pod's `app` label,
+/// inject writes the name of the workload it injects (`workload`), which it knows.
+fn sidecar(args: &InjectArgs, model_port: u16, workload: Option<&str>) -> Value {
     let native = if args.classic {
         ""
     } else {
         "restartPolicy: Always\n"
+    };
+    let deployment = match workload {
+        Some(name) => format!(
+            "  - name: {}\n    value: {}\n",
+            Identity::ENV_DEPLOYMENT,
+            serde_json::to_string(name).unwrap_or_default()
+        ),
+        None => String::new(),
     };
     let yaml = format!(
         r#"name: {CONTAINER}
@@ -411,7 +430,14 @@ imagePullPolicy: IfNotPresent
   - 0.0.0.0:{admin}
   - --upstream
   - http://127.0.0.1:{model_port}
-ports:
+env:
+  - name: {pod_env}
+    valueFrom:
+      fieldRef: {{fieldPath: metadata.name}}
+  - name: {namespace_env}
+    valueFrom:
+      fieldRef: {{fieldPath: metadata.namespace}}
+{deployment}ports:
   - {{name: {PROXY_PORT_NAME}, containerPort: {proxy}}}
   - {{name: {ADMIN_PORT_NAME}, containerPort: {admin}}}
 startupProbe:
@@ -440,6 +466,8 @@ volumeMounts:
   - {{name: {VOLUME}, mountPath: {CONFIG_DIR}, readOnly: true}}
 "#,
         image = serde_json::to_string(&args.image).unwrap_or_default(),
+        pod_env = Identity::ENV_POD,
+        namespace_env = Identity::ENV_NAMESPACE,
         proxy = args.proxy_port,
         admin = args.admin_port,
     );
@@ -538,6 +566,39 @@ spec:
             args.ends_with(&["--upstream", "http://127.0.0.1:8000"]),
             "{args:?}"
         );
+    }
+
+    /// The sidecar's records name their pod and namespace (downward API) and the workload
+    /// injected as their deployment.
+    #[test]
+    fn the_sidecar_names_its_pod_namespace_and_workload() {
+        for (input, workload) in [
+            (PLAIN.to_string(), "m"),
+            (
+                PLAIN
+                    .replace("kind: Deployment", "kind: StatefulSet")
+                    .replace("{name: m}", "{name: \"db-1\"}"),
+                "db-1",
+            ),
+        ] {
+            let out = inject(&input, &InjectArgs::default()).unwrap();
+            let env = &pod(&out)["initContainers"][0]["env"];
+            let var = |name: &str| {
+                env.as_sequence()
+                    .unwrap()
+                    .iter()
+                    .find(|v| v["name"] == key(name))
+                    .unwrap_or_else(|| panic!("no {name} in {env:?}"))
+                    .clone()
+            };
+            let field = |v: Value| v["valueFrom"]["fieldRef"]["fieldPath"].clone();
+            assert_eq!(field(var("TOKENMETER_POD")), key("metadata.name"));
+            assert_eq!(
+                field(var("TOKENMETER_NAMESPACE")),
+                key("metadata.namespace")
+            );
+            assert_eq!(var("TOKENMETER_DEPLOYMENT")["value"], key(workload));
+        }
     }
 
     #[test]
