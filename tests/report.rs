@@ -4,10 +4,13 @@
 //! explained as queued; CSV and JSON lines, one file or two pods' files, give the same report;
 //! bad input is counted as FILE:LINE and never crashes; `--format json` keeps its documented
 //! shape; the HTML page fetches nothing and renders in a real browser (Debian's chromium, which
-//! this test requires: without it, it fails, it never skips).
+//! this test requires: without it, it fails, it never skips). Over a fleet's merged records, each
+//! deployment is its own section and a pod the slowest requests or the violations concentrate on
+//! is named, and no pod when they are spread as the requests are.
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -260,11 +263,15 @@ fn the_json_shape_is_the_documented_one() {
             "start",
             "end",
             "span_s",
+            "by_deployment",
             "groups",
             "bend_total",
+            "pods",
             "slowest"
         ])
     );
+    assert_eq!(r["by_deployment"], false);
+    assert_eq!(r["pods"], serde_json::json!([]), "no record names a pod");
     assert_eq!(
         keys(&r["files"][0]),
         sorted(&["path", "format", "records", "malformed"])
@@ -274,6 +281,7 @@ fn the_json_shape_is_the_documented_one() {
     assert_eq!(
         keys(g),
         sorted(&[
+            "deployment",
             "route",
             "model",
             "requests",
@@ -337,6 +345,8 @@ fn the_json_shape_is_the_documented_one() {
             "line",
             "ts",
             "request_id",
+            "deployment",
+            "pod",
             "route",
             "model",
             "outcome",
@@ -362,6 +372,286 @@ fn the_json_shape_is_the_documented_one() {
     ]));
     assert!(
         text.contains("SLO (from --config): TTFT <= 1000 ms, TPOT <= 50.0 ms, objective 95 %"),
+        "{text}"
+    );
+}
+
+/// One record as a proxy writes it, with who served it (`None`: an older proxy's record,
+/// without the fields).
+fn record(
+    i: usize,
+    who: Option<(&str, &str, &str)>,
+    route: &str,
+    e2e_ms: f64,
+    violated: bool,
+) -> Value {
+    let ts = humantime::format_rfc3339_millis(
+        std::time::UNIX_EPOCH + Duration::from_millis(1_772_359_200_000 + 100 * i as u64),
+    )
+    .to_string();
+    let mut r = serde_json::json!({
+        "ts": ts,
+        "request_id": format!("req-{i}"),
+        "route": route,
+        "model": "llama-3.1-8b",
+        "status": 200,
+        "outcome": "ok",
+        "slo": if violated { "violated" } else { "good" },
+        "prompt_tokens": 200,
+        "output_tokens": 80,
+        "ttft_ms": e2e_ms / 20.0,
+        "e2e_ms": e2e_ms,
+        "in_flight": 1,
+        "in_flight_total": 1,
+    });
+    if let Some((namespace, deployment, pod)) = who {
+        r["namespace"] = namespace.into();
+        r["deployment"] = deployment.into();
+        r["pod"] = pod.into();
+    }
+    r
+}
+
+/// Writes records as JSON lines, or as CSV with a header of their fields.
+fn write_records(path: &Path, records: &[Value]) {
+    let text = if path.extension().is_some_and(|e| e == "csv") {
+        let columns = [
+            "ts",
+            "request_id",
+            "route",
+            "model",
+            "status",
+            "outcome",
+            "slo",
+            "prompt_tokens",
+            "output_tokens",
+            "ttft_ms",
+            "e2e_ms",
+            "in_flight",
+            "in_flight_total",
+            "pod",
+            "namespace",
+            "deployment",
+        ];
+        let mut text = columns.join(",") + "\n";
+        for r in records {
+            let cells: Vec<String> = columns
+                .iter()
+                .map(|c| match &r[*c] {
+                    Value::Null => String::new(),
+                    Value::String(s) => s.clone(),
+                    v => v.to_string(),
+                })
+                .collect();
+            text += &(cells.join(",") + "\n");
+        }
+        text
+    } else {
+        records.iter().map(|r| r.to_string() + "\n").collect()
+    };
+    std::fs::write(path, text).expect("write records");
+}
+
+/// The pods entry of a deployment.
+fn pods_of<'a>(report: &'a Value, deployment: Option<&str>) -> &'a Value {
+    report["pods"]
+        .as_array()
+        .expect("pods")
+        .iter()
+        .find(|p| p["deployment"].as_str() == deployment)
+        .unwrap_or_else(|| panic!("no pods of {deployment:?} in {}", report["pods"]))
+}
+
+/// A fleet: deployment `chat` (3 pods, `chat-b` slow on every request), deployment `code`
+/// (2 pods, every 7th request slow whichever pod served it), both in namespace `inference`,
+/// one file per pod (one of them CSV), and one file of an older proxy whose records name no
+/// one. The report has a section per deployment, names chat-b for chat's slowest requests and
+/// violations, and no pod for code.
+#[test]
+fn a_fleets_records_are_split_by_deployment_and_name_the_slow_pod() {
+    let dir = TempDir::new();
+    let mut files: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+    for i in 0..600 {
+        let pod = ["chat-a", "chat-b", "chat-c"][i % 3];
+        let base = 1000.0 + (i * 37 % 101) as f64;
+        let (e2e, violated) = if pod == "chat-b" {
+            (4.0 * base, true)
+        } else {
+            (base, i % 60 == 0)
+        };
+        let file = if pod == "chat-c" {
+            "chat-c.csv"
+        } else {
+            &format!("{pod}.jsonl")
+        };
+        files.entry(file.to_string()).or_default().push(record(
+            i,
+            Some(("inference", "chat", pod)),
+            "chat",
+            e2e,
+            violated,
+        ));
+    }
+    for i in 0..400 {
+        let pod = ["code-a", "code-b"][i % 2];
+        let slow = i % 7 == 0;
+        let e2e = if slow { 6000.0 } else { 800.0 } + (i * 13 % 29) as f64;
+        files
+            .entry(format!("{pod}.jsonl"))
+            .or_default()
+            .push(record(
+                i,
+                Some(("inference", "code", pod)),
+                "chat",
+                e2e,
+                slow,
+            ));
+    }
+    files.insert(
+        "old.jsonl".into(),
+        (0..30)
+            .map(|i| record(i, None, "chat", 900.0, false))
+            .collect(),
+    );
+    let mut paths = Vec::new();
+    for (name, records) in &files {
+        let path = dir.path().join(name);
+        write_records(&path, records);
+        paths.push(path.display().to_string());
+    }
+    let args: Vec<&str> = paths.iter().map(String::as_str).collect();
+    let r = json(&args);
+    assert_eq!(r["records"], 1030);
+    assert_eq!(r["malformed"]["count"], 0, "{}", r["malformed"]);
+    assert_eq!(r["by_deployment"], true);
+    let sections: Vec<(Option<&str>, u64)> = r["groups"]
+        .as_array()
+        .expect("groups")
+        .iter()
+        .map(|g| (g["deployment"].as_str(), g["requests"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(
+        sections,
+        [
+            (None, 30),
+            (Some("inference/chat"), 600),
+            (Some("inference/code"), 400)
+        ],
+        "one section per deployment; the old records apart"
+    );
+
+    let chat = pods_of(&r, Some("inference/chat"));
+    assert_eq!(chat["requests"], 600);
+    let named: Vec<(&str, &str)> = chat["concentrated"]
+        .as_array()
+        .expect("concentrated")
+        .iter()
+        .map(|c| (c["pod"].as_str().unwrap(), c["on"].as_str().unwrap()))
+        .collect();
+    assert_eq!(named, [("chat-b", "slowest"), ("chat-b", "violations")]);
+    let slowest = &chat["concentrated"][0];
+    assert_eq!(
+        (slowest["count"].as_u64(), slowest["of"].as_u64()),
+        (Some(20), Some(20))
+    );
+    assert!(slowest["chance"].as_f64().unwrap() < 1e-6);
+    let code = pods_of(&r, Some("inference/code"));
+    assert_eq!(code["concentrated"], serde_json::json!([]), "{code}");
+    assert!(
+        code["verdict"]
+            .as_str()
+            .unwrap()
+            .starts_with("no pod stands out"),
+        "{code}"
+    );
+    assert!(
+        r["pods"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| !p["deployment"].is_null()),
+        "the old records name no pod, so they have no pods entry"
+    );
+    // The slowest requests say who served them.
+    let first = &r["slowest"][0];
+    assert_eq!(first["deployment"], "inference/code");
+    assert!(
+        first["pod"].as_str().unwrap().starts_with("code-"),
+        "{first}"
+    );
+
+    let mut with_html = args.clone();
+    let html = dir.path().join("report.html");
+    let html_arg = html.display().to_string();
+    with_html.extend(["--html", &html_arg]);
+    let out = report(&with_html);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    for wanted in [
+        "inference/chat: chat / llama-3.1-8b: 600 requests",
+        "inference/code: chat / llama-3.1-8b: 400 requests",
+        "(no deployment): chat / llama-3.1-8b: 30 requests",
+        "pods of deployment inference/chat",
+        "finding: the slowest requests concentrate on pod chat-b: 20 of the 20 (100 %), against 33 % of the requests",
+        "the violations concentrate on pod chat-b",
+        "pods of deployment inference/code",
+        "finding: no pod stands out: none of the 2 pods",
+        "(a pod is named when it holds, of the slowest 1 % of its deployment's requests by E2E (at least the 20 slowest)",
+    ] {
+        assert!(text.contains(wanted), "{wanted:?} in:\n{text}");
+    }
+    let page = std::fs::read_to_string(&html).expect("the page");
+    assert!(
+        page.contains("<h2>Pods of deployment inference/chat</h2>"),
+        "{page}"
+    );
+    assert!(page.contains("the slowest requests concentrate on pod chat-b"));
+    assert!(
+        page.contains("a pod is named when it holds"),
+        "the rule is on the page"
+    );
+}
+
+/// Slowness spread over every pod as their requests are: no pod is named, in one deployment
+/// (no split into sections).
+#[test]
+fn slowness_spread_over_the_pods_names_none() {
+    let dir = TempDir::new();
+    let pods = ["llm-1", "llm-2", "llm-3", "llm-4"];
+    let mut paths = Vec::new();
+    for (p, pod) in pods.iter().enumerate() {
+        let records: Vec<Value> = (0..2000)
+            .filter(|i| i % pods.len() == p)
+            .map(|i| {
+                // Every 7th request slow, and now and then a violation, whichever pod (7 and 13
+                // share no factor with the 4 pods the requests go round).
+                let e2e = if i % 7 == 0 { 5000.0 } else { 1000.0 } + (i * 31 % 97) as f64;
+                record(
+                    i,
+                    Some(("prod", "llm", pod)),
+                    "chat",
+                    e2e,
+                    i % 7 == 0 || i % 13 == 0,
+                )
+            })
+            .collect();
+        let path = dir.path().join(format!("{pod}.jsonl"));
+        write_records(&path, &records);
+        paths.push(path.display().to_string());
+    }
+    let args: Vec<&str> = paths.iter().map(String::as_str).collect();
+    let r = json(&args);
+    assert_eq!(r["by_deployment"], false, "one deployment: no split");
+    assert!(r["groups"][0]["deployment"].is_null());
+    let llm = pods_of(&r, Some("prod/llm"));
+    assert_eq!(llm["slowest"], 20);
+    assert_eq!(llm["pods"].as_array().map(Vec::len), Some(4));
+    assert_eq!(llm["concentrated"], serde_json::json!([]), "{llm}");
+    let text = stdout(&report(&args));
+    assert!(
+        text.contains(
+            "finding: no pod stands out: none of the 4 pods holds a share of the 20 slowest requests nor of the"
+        ),
         "{text}"
     );
 }

@@ -1,7 +1,14 @@
 //! What the records say, as one [`Report`]: per route and model the figures' percentiles,
 //! goodput and attainment; the bend (latency and output tokens/s against concurrency at
-//! arrival, its knee found by `bench`'s own rule); and the slowest requests with their causes.
-//! The JSON output is this structure serialized, so its field names are the documented shape.
+//! arrival, its knee found by `bench`'s own rule); the pods of each deployment and whether the
+//! slowest requests or the violations concentrate on one of them; and the slowest requests with
+//! their causes. The JSON output is this structure serialized, so its field names are the
+//! documented shape.
+//!
+//! When the records name more than one deployment, every route and model is a section per
+//! deployment: two deployments serving a route `chat` are two services with their own speeds.
+//! Records that name no deployment (an older proxy's) then form sections of their own; with one
+//! deployment or none they all share the route's.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, UNIX_EPOCH};
@@ -13,6 +20,7 @@ use crate::tools::bench::Target;
 use crate::Config;
 
 use super::cause::{self, Baseline, Cause};
+use super::pods::{self, Pods};
 use super::read::{Loaded, Request, Source};
 
 /// Bumped when a field of the JSON output changes meaning or goes away (adding one does not).
@@ -64,9 +72,15 @@ pub struct Report {
     pub start: String,
     pub end: String,
     pub span_s: f64,
+    /// Whether the groups are split by deployment: the records name more than one.
+    pub by_deployment: bool,
     pub groups: Vec<Group>,
     /// The bend against `in_flight_total` (in flight in the whole proxy), when records carry it.
     pub bend_total: Option<Bend>,
+    /// Per deployment (one entry for all records unless `by_deployment`), its pods and whether
+    /// the slowest requests or the violations concentrate on one; empty when no record names
+    /// a pod.
+    pub pods: Vec<Pods>,
     pub slowest: Vec<Slow>,
 }
 
@@ -77,9 +91,12 @@ pub struct Malformed {
     pub first: Vec<String>,
 }
 
-/// One route and model.
+/// One route and model (of one deployment, when the report is split by deployment).
 #[derive(Debug, Serialize)]
 pub struct Group {
+    /// `namespace/deployment` or the deployment alone; `None` unless the report is split by
+    /// deployment, and for records that name none.
+    pub deployment: Option<String>,
     pub route: String,
     pub model: Option<String>,
     pub requests: usize,
@@ -164,6 +181,9 @@ pub struct Slow {
     pub line: u64,
     pub ts: String,
     pub request_id: Option<String>,
+    /// Who served it, when the record says.
+    pub deployment: Option<String>,
+    pub pod: Option<String>,
     pub route: String,
     pub model: Option<String>,
     pub outcome: Option<String>,
@@ -339,8 +359,11 @@ fn slo_of(config: Option<&Config>, route: &str) -> Option<SloShown> {
     })
 }
 
+/// What a group is keyed by: deployment (when split), route, model.
+type Key = (Option<String>, String, Option<String>);
+
 fn group(
-    (route, model): (String, Option<String>),
+    (deployment, route, model): Key,
     requests: &[&Request],
     span_s: f64,
     config: Option<&Config>,
@@ -360,6 +383,7 @@ fn group(
     ttft_samples.sort_by(f64::total_cmp);
     Group {
         slo: slo_of(config, &route),
+        deployment,
         route,
         model,
         requests: requests.len(),
@@ -400,14 +424,44 @@ pub fn build(loaded: &Loaded, slowest: usize, config: Option<&Config>) -> Report
     } else {
         0.0
     };
-    let mut by_group: BTreeMap<(String, Option<String>), Vec<&Request>> = BTreeMap::new();
+    let deployments: std::collections::BTreeSet<String> = requests
+        .iter()
+        .filter_map(|r| r.fields.deployment())
+        .collect();
+    let by_deployment = deployments.len() > 1;
+    let deployment_of = |r: &Request| r.fields.deployment().filter(|_| by_deployment);
+    let key_of = |r: &Request| -> Key {
+        (
+            deployment_of(r),
+            r.fields.route.clone(),
+            r.fields.model.clone(),
+        )
+    };
+    let mut by_group: BTreeMap<Key, Vec<&Request>> = BTreeMap::new();
     for r in requests {
-        let key = (r.fields.route.clone(), r.fields.model.clone());
-        by_group.entry(key).or_default().push(r);
+        by_group.entry(key_of(r)).or_default().push(r);
     }
     let groups: Vec<Group> = by_group
         .iter()
         .map(|(key, rs)| group(key.clone(), rs, span_s, config))
+        .collect();
+    // Pods are compared within their deployment; without a split, the one deployment the
+    // records name (if any) is all of them.
+    let mut by_deployment_requests: BTreeMap<Option<String>, Vec<&Request>> = BTreeMap::new();
+    for r in requests {
+        let deployment = if by_deployment {
+            r.fields.deployment()
+        } else {
+            deployments.first().cloned()
+        };
+        by_deployment_requests
+            .entry(deployment)
+            .or_default()
+            .push(r);
+    }
+    let pods: Vec<Pods> = by_deployment_requests
+        .into_iter()
+        .filter_map(|(deployment, rs)| pods::of(deployment, &rs))
         .collect();
     let all: Vec<&Request> = requests.iter().collect();
     let bend_total = requests
@@ -422,15 +476,18 @@ pub fn build(loaded: &Loaded, slowest: usize, config: Option<&Config>) -> Report
         .take(slowest)
         .map(|r| {
             let f = &r.fields;
+            let key = key_of(r);
             let baseline = groups
                 .iter()
-                .find(|g| g.route == f.route && g.model == f.model)
+                .find(|g| (&g.deployment, &g.route, &g.model) == (&key.0, &key.1, &key.2))
                 .map(|g| &g.baseline);
             Slow {
                 file: loaded.sources[r.file].path.clone(),
                 line: r.line,
                 ts: f.ts.clone(),
                 request_id: f.request_id.clone(),
+                deployment: f.deployment(),
+                pod: f.pod().map(String::from),
                 route: f.route.clone(),
                 model: f.model.clone(),
                 outcome: f.outcome.clone(),
@@ -459,8 +516,10 @@ pub fn build(loaded: &Loaded, slowest: usize, config: Option<&Config>) -> Report
         start: rfc3339(start),
         end: rfc3339(end),
         span_s: round(span_s),
+        by_deployment,
         groups,
         bend_total,
+        pods,
         slowest,
     }
 }

@@ -2,7 +2,8 @@
 //! plotters' SVG backend, no script and nothing fetched), so it can be mailed, attached to an
 //! incident or opened from a laptop with no network. It holds the tables of the terminal report
 //! and the plots people read faster: latency percentiles and output tokens/s against
-//! concurrency with the bend marked, a TTFT histogram per route, and the slowest requests.
+//! concurrency with the bend marked, a TTFT histogram per route, each deployment's pods with
+//! the pod the slowest requests or the violations concentrate on, and the slowest requests.
 //!
 //! Everything that came from a record file is escaped: a route or request id is data, never
 //! markup.
@@ -13,6 +14,7 @@ use plotters::prelude::*;
 
 use super::analyze::{Bend, Group, Level, Report, Spread};
 use super::cause::ms;
+use super::pods::{self, Pods};
 
 const STYLE: &str = "
 body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 24px auto;
@@ -116,6 +118,24 @@ fn name(route: &str, model: Option<&str>) -> String {
     )
 }
 
+/// A group's name, after its deployment when the report is split by deployment.
+fn group_name(
+    report: &Report,
+    deployment: Option<&str>,
+    route: &str,
+    model: Option<&str>,
+) -> String {
+    if report.by_deployment {
+        format!(
+            "{}: {}",
+            escape(deployment.unwrap_or("(no deployment)")),
+            name(route, model)
+        )
+    } else {
+        name(route, model)
+    }
+}
+
 /// The whole page.
 pub fn page(report: &Report) -> String {
     let mut out = String::new();
@@ -162,19 +182,82 @@ pub fn page(report: &Report) -> String {
         out.push_str("</div>\n");
     }
     for g in &report.groups {
-        group(&mut out, g);
+        group(&mut out, report, g);
     }
     if let (Some(total), true) = (&report.bend_total, report.groups.len() > 1) {
         out.push_str("<h2>All routes: the bend against requests in flight in the proxy</h2>\n");
         bend(&mut out, total, "all routes");
+    }
+    for p in &report.pods {
+        pods(&mut out, p);
     }
     slowest(&mut out, report);
     out.push_str("</body>\n</html>\n");
     out
 }
 
-fn group(out: &mut String, g: &Group) {
-    let _ = writeln!(out, "<h2>{}</h2>", name(&g.route, g.model.as_deref()));
+/// A deployment's pods, and the pod the slowest requests or the violations concentrate on.
+fn pods(out: &mut String, p: &Pods) {
+    let _ = writeln!(
+        out,
+        "<h2>Pods of {}</h2>",
+        p.deployment.as_deref().map_or_else(
+            || "the records".to_string(),
+            |d| format!("deployment {}", escape(d))
+        )
+    );
+    let _ = writeln!(
+        out,
+        "<p>{} requests; the {} slowest take {} or more (E2E); {} of {} judged requests violated \
+         their SLO.</p>",
+        p.requests,
+        p.slowest,
+        p.slowest_from_ms.map_or_else(|| "–".into(), ms),
+        p.violated,
+        p.judged
+    );
+    out.push_str(
+        "<table>\n<tr><th class=\"l\">pod</th><th>requests</th><th>share</th>\
+         <th>of the slowest</th><th>violated</th></tr>\n",
+    );
+    for pod in &p.pods {
+        let named = p.concentrated.iter().any(|c| c.pod == pod.pod);
+        let _ = writeln!(
+            out,
+            "<tr{}><td class=\"l\">{}</td><td>{}</td><td>{:.1} %</td><td>{}</td><td>{}</td></tr>",
+            if named { " class=\"knee\"" } else { "" },
+            escape(&pod.pod),
+            pod.requests,
+            pod.share * 100.0,
+            pod.slowest,
+            pod.violated
+        );
+    }
+    out.push_str("</table>\n");
+    let class = if p.concentrated.is_empty() {
+        "verdict none"
+    } else {
+        "verdict"
+    };
+    let _ = writeln!(
+        out,
+        "<p class=\"{class}\"><b>The pods:</b> {}</p>\n<p class=\"muted\">({})</p>",
+        escape(&p.verdict),
+        escape(&pods::rule())
+    );
+}
+
+fn group(out: &mut String, report: &Report, g: &Group) {
+    let _ = writeln!(
+        out,
+        "<h2>{}</h2>",
+        group_name(
+            report,
+            g.deployment.as_deref(),
+            &g.route,
+            g.model.as_deref()
+        )
+    );
     let mut summary = format!("{} requests, {} not ok", g.requests, g.errors);
     match g.attainment {
         Some(a) => {
@@ -335,8 +418,11 @@ fn slowest(out: &mut String, report: &Report) {
             s.e2e_ms,
             cell(s.ttft_ms, 0),
             s.in_flight.map_or_else(|| "–".into(), |n| n.to_string()),
-            name(&s.route, s.model.as_deref()),
-            escape(s.request_id.as_deref().unwrap_or("(no id)")),
+            group_name(report, s.deployment.as_deref(), &s.route, s.model.as_deref()),
+            escape(s.request_id.as_deref().unwrap_or("(no id)"))
+                + &s.pod
+                    .as_deref()
+                    .map_or_else(String::new, |p| format!(" on pod {}", escape(p))),
             escape(&s.ts),
             escape(&s.file),
             s.line

@@ -1,16 +1,19 @@
 //! `tokenmeter report FILE...`: why was it slow? Reads the per-request records of one or more
-//! proxies (JSON lines or CSV, one file per pod, merged) and says, per route and model, how
-//! requests fared (percentiles, goodput, attainment), where the service bends as concurrency
-//! rises (the knee by `bench`'s own rule), and why the slowest requests were slow, cause by
-//! cause with the evidence from their records.
+//! proxies (JSON lines or CSV, one file per pod, merged) and says, per route and model (and per
+//! deployment, when the records come from more than one), how requests fared (percentiles,
+//! goodput, attainment), where the service bends as concurrency rises (the knee by `bench`'s own
+//! rule), whether the slowest requests or the violations concentrate on one pod, and why the
+//! slowest requests were slow, cause by cause with the evidence from their records.
 //!
 //! [`read`] turns files into requests and counts the lines that are not records, [`analyze`]
 //! builds the [`Report`] (whose serialized form is the `--format json` shape), [`cause`] explains
-//! one request, [`text`] prints the terminal tables and [`html`] writes the self-contained page.
+//! one request, [`pods`] compares a deployment's pods, [`text`] prints the terminal tables and
+//! [`html`] writes the self-contained page.
 
 pub mod analyze;
 pub mod cause;
 pub mod html;
+pub mod pods;
 pub mod read;
 pub mod text;
 

@@ -51,6 +51,32 @@ pub struct Fields {
     pub queue_source: Option<String>,
     pub engine_running: Option<f64>,
     pub engine_waiting: Option<f64>,
+    /// Who served the request; absent in records of older proxies, null or empty when the
+    /// proxy did not know.
+    pub pod: Option<String>,
+    pub namespace: Option<String>,
+    pub deployment: Option<String>,
+}
+
+fn known(name: &Option<String>) -> Option<&str> {
+    name.as_deref().filter(|n| !n.is_empty())
+}
+
+impl Fields {
+    /// The pod that served the request, when the record names one.
+    pub fn pod(&self) -> Option<&str> {
+        known(&self.pod)
+    }
+
+    /// The deployment, as `namespace/deployment` when the namespace is known too (two
+    /// namespaces may each have a deployment of the same name), when the record names one.
+    pub fn deployment(&self) -> Option<String> {
+        let deployment = known(&self.deployment)?;
+        Some(match known(&self.namespace) {
+            Some(namespace) => format!("{namespace}/{deployment}"),
+            None => deployment.to_string(),
+        })
+    }
 }
 
 /// One record, with where it came from.
@@ -328,6 +354,40 @@ mod tests {
         );
         assert_eq!(f.queue_ms, None);
         assert_eq!(loaded.sources[0].format, Format::Csv);
+    }
+
+    #[test]
+    fn who_served_a_request_reads_from_both_formats_and_old_records_leave_it_unknown() {
+        let jsonl = concat!(
+            "{\"ts\":\"2026-01-01T00:00:00Z\",\"route\":\"a\",\"e2e_ms\":1,\"pod\":\"p-1\",\"namespace\":\"ns\",\"deployment\":\"chat\"}\n",
+            "{\"ts\":\"2026-01-01T00:00:00Z\",\"route\":\"a\",\"e2e_ms\":1,\"pod\":null,\"namespace\":null,\"deployment\":\"chat\"}\n",
+            "{\"ts\":\"2026-01-01T00:00:00Z\",\"route\":\"a\",\"e2e_ms\":1}\n",
+        );
+        let loaded = loaded_from("x.jsonl", jsonl.as_bytes());
+        assert_eq!(loaded.malformed, 0, "{:?}", loaded.problems);
+        let who: Vec<(Option<&str>, Option<String>)> = loaded
+            .requests
+            .iter()
+            .map(|r| (r.fields.pod(), r.fields.deployment()))
+            .collect();
+        assert_eq!(
+            who,
+            [
+                (Some("p-1"), Some("ns/chat".into())),
+                (None, Some("chat".into())),
+                (None, None)
+            ]
+        );
+        let csv = "ts,route,e2e_ms,pod,namespace,deployment\n2026-01-01T00:00:00Z,a,1,p-2,,code\n2026-01-01T00:00:00Z,a,1,,,\n";
+        let loaded = loaded_from("x.csv", csv.as_bytes());
+        assert_eq!(loaded.malformed, 0, "{:?}", loaded.problems);
+        let f = &loaded.requests[0].fields;
+        assert_eq!(
+            (f.pod(), f.deployment()),
+            (Some("p-2"), Some("code".into()))
+        );
+        let f = &loaded.requests[1].fields;
+        assert_eq!((f.pod(), f.deployment()), (None, None));
     }
 
     #[test]

@@ -1,11 +1,13 @@
 //! The report as a terminal reads it: a header naming what was read, then per route and model
-//! the percentile table, goodput and attainment and the bend, then the slowest requests, each
-//! with its causes on the lines below it.
+//! (per deployment, when split) the percentile table, goodput and attainment and the bend, then
+//! each deployment's pods and whether the slowest requests or the violations concentrate on one,
+//! then the slowest requests, each with its causes on the lines below it.
 
 use std::fmt::Write as _;
 
 use super::analyze::{Bend, Group, Report, SloShown, Spread, MIN_LEVEL_REQUESTS};
 use super::cause::ms;
+use super::pods::{self, Pods};
 
 fn cell(value: Option<f64>, decimals: usize) -> String {
     value.map_or_else(|| "-".into(), |v| format!("{v:.decimals$}"))
@@ -13,6 +15,64 @@ fn cell(value: Option<f64>, decimals: usize) -> String {
 
 fn route_name(route: &str, model: Option<&str>) -> String {
     format!("{route} / {}", model.unwrap_or("(no model)"))
+}
+
+/// A group's name: its route and model, after its deployment when the report is split.
+fn group_name(
+    by_deployment: bool,
+    deployment: Option<&str>,
+    route: &str,
+    model: Option<&str>,
+) -> String {
+    if by_deployment {
+        format!(
+            "{}: {}",
+            deployment.unwrap_or("(no deployment)"),
+            route_name(route, model)
+        )
+    } else {
+        route_name(route, model)
+    }
+}
+
+/// A deployment's pods: their requests, slowest requests and violations, and the finding.
+fn pods(out: &mut String, p: &Pods) {
+    let _ = writeln!(
+        out,
+        "\npods of {}: {} requests, the {} slowest from {} E2E, {} of {} judged requests violated",
+        p.deployment
+            .as_deref()
+            .map_or_else(|| "the records".to_string(), |d| format!("deployment {d}")),
+        p.requests,
+        p.slowest,
+        p.slowest_from_ms.map_or_else(|| "-".into(), ms),
+        p.violated,
+        p.judged
+    );
+    let width = p
+        .pods
+        .iter()
+        .map(|pod| pod.pod.len())
+        .max()
+        .unwrap_or(0)
+        .max(3);
+    let _ = writeln!(
+        out,
+        "  {:<width$}{:>10}{:>9}{:>10}{:>10}",
+        "pod", "requests", "share", "slowest", "violated"
+    );
+    for pod in &p.pods {
+        let _ = writeln!(
+            out,
+            "  {:<width$}{:>10}{:>8.1}%{:>10}{:>10}",
+            pod.pod,
+            pod.requests,
+            pod.share * 100.0,
+            pod.slowest,
+            pod.violated
+        );
+    }
+    let _ = writeln!(out, "  finding: {}", p.verdict);
 }
 
 fn slo_line(slo: &SloShown) -> String {
@@ -117,7 +177,12 @@ pub fn render(report: &Report) -> String {
         let _ = writeln!(
             out,
             "\n{}: {} requests, {} not ok",
-            route_name(&g.route, g.model.as_deref()),
+            group_name(
+                report.by_deployment,
+                g.deployment.as_deref(),
+                &g.route,
+                g.model.as_deref()
+            ),
             g.requests,
             g.errors
         );
@@ -145,6 +210,12 @@ pub fn render(report: &Report) -> String {
         out.push_str("\nthe bend over all routes, against requests in flight in the proxy:\n");
         bend(&mut out, total, "  ");
     }
+    for p in &report.pods {
+        pods(&mut out, p);
+    }
+    if !report.pods.is_empty() {
+        let _ = writeln!(out, "  ({})", pods::rule());
+    }
     let _ = writeln!(
         out,
         "\nslowest {} requests, by E2E, with their likely causes (most telling first):",
@@ -157,12 +228,20 @@ pub fn render(report: &Report) -> String {
             i + 1,
             ms(s.e2e_ms),
             s.request_id.as_deref().unwrap_or("(no id)"),
-            route_name(&s.route, s.model.as_deref()),
+            group_name(
+                report.by_deployment,
+                s.deployment.as_deref(),
+                &s.route,
+                s.model.as_deref()
+            ),
             s.ts,
             s.file,
             s.line
         );
         let mut facts = Vec::new();
+        if let Some(pod) = &s.pod {
+            facts.push(format!("pod {pod}"));
+        }
         if let Some(t) = s.ttft_ms {
             facts.push(format!("TTFT {}", ms(t)));
         }

@@ -1,0 +1,400 @@
+//! Whether the slowest requests, or the SLO violations, concentrate on one pod: a slow pod (a
+//! bad GPU, a noisy neighbour, a node under pressure) is among the commonest causes of a tail,
+//! and the records of a fleet, merged, name the pod each request was served by.
+//!
+//! Pods are compared within their deployment (a fleet's deployments serve different models at
+//! different speeds), over the requests whose record names a pod. A pod is named when it holds,
+//! of the deployment's slowest requests or of its violations, all three of:
+//!
+//! - at least [`MIN_COUNT`] of them;
+//! - at least [`MIN_RATIO`] times its share of the deployment's requests (of its judged
+//!   requests, for violations): well above what a pod that serves like the others would hold;
+//! - so many that a pod with its share would hold that many or more by chance less than once
+//!   in 1 / [`MAX_CHANCE`] (the binomial tail, which overstates the chance of drawing without
+//!   replacement, so it errs towards naming no pod).
+//!
+//! "The slowest" are the slowest [`TAIL_SHARE`] of the deployment's requests by E2E, and never
+//! fewer than [`MIN_TAIL`] (all of them when there are fewer): a 1 % tail of a few hundred
+//! requests would be too few to tell anything apart.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::analyze::round;
+use super::read::Request;
+
+/// The share of a deployment's requests, by E2E, that count as its slowest ...
+pub const TAIL_SHARE: f64 = 0.01;
+/// ... and the fewest that do.
+pub const MIN_TAIL: usize = 20;
+/// A pod is named for holding at least this many of the slowest (or of the violations) ...
+pub const MIN_COUNT: usize = 5;
+/// ... at least this many times its share of the requests ...
+pub const MIN_RATIO: f64 = 1.5;
+/// ... and more than a pod with its share would hold with this probability.
+pub const MAX_CHANCE: f64 = 0.001;
+
+/// The pods of one deployment, and where its slowest requests and violations fall.
+#[derive(Debug, Serialize)]
+pub struct Pods {
+    /// `namespace/deployment` (or the deployment alone); `None` when the records do not say.
+    pub deployment: Option<String>,
+    /// Requests whose record names a pod.
+    pub requests: usize,
+    /// How many of them count as the slowest, and the E2E from which a request is among them.
+    pub slowest: usize,
+    pub slowest_from_ms: Option<f64>,
+    /// Requests judged against an SLO, and those that violated it.
+    pub judged: usize,
+    pub violated: usize,
+    /// Busiest first.
+    pub pods: Vec<Pod>,
+    /// The pods the slowest requests or the violations concentrate on; usually none.
+    pub concentrated: Vec<Concentration>,
+    /// The finding in words.
+    pub verdict: String,
+}
+
+/// One pod's requests, slowest requests and violations.
+#[derive(Debug, Serialize)]
+pub struct Pod {
+    pub pod: String,
+    pub requests: usize,
+    /// Its share of the deployment's requests.
+    pub share: f64,
+    /// How many of the deployment's slowest requests it served.
+    pub slowest: usize,
+    pub judged: usize,
+    pub violated: usize,
+}
+
+/// The slowest requests, or the violations, concentrate on `pod`.
+#[derive(Debug, Serialize)]
+pub struct Concentration {
+    pub pod: String,
+    /// `slowest` or `violations`.
+    pub on: &'static str,
+    /// It holds `count` of the `of` slowest requests (or violations) ...
+    pub count: usize,
+    pub of: usize,
+    /// ... a share of `share`, against `expected`: its share of the requests (of the judged
+    /// requests, for violations).
+    pub share: f64,
+    pub expected: f64,
+    /// How likely a pod with that share would hold `count` or more by chance.
+    pub chance: f64,
+}
+
+impl std::fmt::Display for Concentration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (what, base) = match self.on {
+            "slowest" => ("slowest requests", "requests"),
+            _ => ("violations", "judged requests"),
+        };
+        write!(
+            f,
+            "the {what} concentrate on pod {}: {} of the {} ({:.0} %), against {:.0} % of the {base} (by chance: {})",
+            self.pod,
+            self.count,
+            self.of,
+            self.share * 100.0,
+            self.expected * 100.0,
+            odds(self.chance)
+        )
+    }
+}
+
+/// When a pod is named, in words, for the report to say beside its finding.
+pub fn rule() -> String {
+    format!(
+        "a pod is named when it holds, of the slowest {:.0} % of its deployment's requests by E2E (at least the {MIN_TAIL} slowest) or of its violations, at least {MIN_COUNT}, at least {MIN_RATIO} times its share of the requests (of the judged requests, for violations), and more than a pod with its share would hold by chance once in {:.0}",
+        TAIL_SHARE * 100.0,
+        1.0 / MAX_CHANCE
+    )
+}
+
+/// A small probability as people read it: "less than 1 in a million", "1 in 2,300".
+fn odds(p: f64) -> String {
+    if p < 1e-6 {
+        "less than 1 in a million".into()
+    } else {
+        let one_in = (1.0 / p).round();
+        format!("1 in {one_in:.0}")
+    }
+}
+
+/// P(X >= k) for X binomial with `n` draws of probability `p`; only asked for `k` above the
+/// mean, where the terms fall from the first on.
+pub fn upper_tail(k: usize, n: usize, p: f64) -> f64 {
+    if k == 0 || p >= 1.0 {
+        return 1.0;
+    }
+    if k > n || p <= 0.0 {
+        return 0.0;
+    }
+    let ln_choose: f64 = (1..=k).map(|i| ((n - k + i) as f64 / i as f64).ln()).sum();
+    let mut term = (ln_choose + k as f64 * p.ln() + (n - k) as f64 * (1.0 - p).ln()).exp();
+    let ratio = p / (1.0 - p);
+    let mut sum = 0.0;
+    for j in k..=n {
+        sum += term;
+        if term <= sum * 1e-16 && j as f64 >= n as f64 * p {
+            break;
+        }
+        term *= (n - j) as f64 / (j + 1) as f64 * ratio;
+    }
+    sum.min(1.0)
+}
+
+/// Whether a pod holding `count` of `of`, with `expected` its share of the base, is named.
+fn concentration(
+    pod: &str,
+    on: &'static str,
+    count: usize,
+    of: usize,
+    expected: f64,
+) -> Option<Concentration> {
+    if of == 0 || count < MIN_COUNT {
+        return None;
+    }
+    let share = count as f64 / of as f64;
+    if share < MIN_RATIO * expected {
+        return None;
+    }
+    let chance = upper_tail(count, of, expected);
+    (chance < MAX_CHANCE).then(|| Concentration {
+        pod: pod.to_string(),
+        on,
+        count,
+        of,
+        share: round(share),
+        expected: round(expected),
+        chance,
+    })
+}
+
+/// The pods of one deployment's requests; `None` when no record names a pod.
+pub fn of(deployment: Option<String>, requests: &[&Request]) -> Option<Pods> {
+    let known: Vec<&Request> = requests
+        .iter()
+        .copied()
+        .filter(|r| r.fields.pod().is_some())
+        .collect();
+    if known.is_empty() {
+        return None;
+    }
+    let n = known.len();
+    let tail = ((n as f64 * TAIL_SHARE).ceil() as usize)
+        .max(MIN_TAIL)
+        .min(n);
+    let mut by_e2e = known.clone();
+    by_e2e.sort_by(|a, b| b.fields.e2e_ms.total_cmp(&a.fields.e2e_ms));
+    let slowest = &by_e2e[..tail];
+
+    let mut pods: BTreeMap<&str, Pod> = BTreeMap::new();
+    let pod_of = |r: &Request| r.fields.pod().unwrap_or_default().to_owned();
+    for r in &known {
+        let pod = pods
+            .entry(r.fields.pod().unwrap_or_default())
+            .or_insert(Pod {
+                pod: pod_of(r),
+                requests: 0,
+                share: 0.0,
+                slowest: 0,
+                judged: 0,
+                violated: 0,
+            });
+        pod.requests += 1;
+        match r.fields.slo.as_deref() {
+            Some("good") => pod.judged += 1,
+            Some("violated") => {
+                pod.judged += 1;
+                pod.violated += 1;
+            }
+            _ => {}
+        }
+    }
+    for r in slowest {
+        if let Some(pod) = pods.get_mut(r.fields.pod().unwrap_or_default()) {
+            pod.slowest += 1;
+        }
+    }
+    let judged: usize = pods.values().map(|p| p.judged).sum();
+    let violated: usize = pods.values().map(|p| p.violated).sum();
+    let mut pods: Vec<Pod> = pods.into_values().collect();
+    for p in &mut pods {
+        p.share = round(p.requests as f64 / n as f64);
+    }
+    pods.sort_by(|a, b| b.requests.cmp(&a.requests).then(a.pod.cmp(&b.pod)));
+
+    let mut concentrated = Vec::new();
+    if pods.len() > 1 {
+        for p in &pods {
+            let share = p.requests as f64 / n as f64;
+            concentrated.extend(concentration(&p.pod, "slowest", p.slowest, tail, share));
+        }
+        for p in &pods {
+            let share = if judged > 0 {
+                p.judged as f64 / judged as f64
+            } else {
+                0.0
+            };
+            concentrated.extend(concentration(
+                &p.pod,
+                "violations",
+                p.violated,
+                violated,
+                share,
+            ));
+        }
+    }
+    let verdict = if pods.len() == 1 {
+        format!("one pod, {}: nothing to compare it with", pods[0].pod)
+    } else if concentrated.is_empty() {
+        let violations = if violated > 0 {
+            format!(" nor of the {violated} violations")
+        } else {
+            String::new()
+        };
+        format!(
+            "no pod stands out: none of the {} pods holds a share of the {tail} slowest requests{violations} well above its share of the requests",
+            pods.len()
+        )
+    } else {
+        concentrated
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    Some(Pods {
+        deployment,
+        requests: n,
+        slowest: tail,
+        slowest_from_ms: slowest.last().map(|r| r.fields.e2e_ms),
+        judged,
+        violated,
+        pods,
+        concentrated,
+        verdict,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tools::report::read::Fields;
+
+    #[test]
+    fn the_binomial_tail_is_right_where_it_can_be_counted() {
+        // P(X >= 3) for 4 fair coins: (4 + 1) / 16.
+        assert!((upper_tail(3, 4, 0.5) - 5.0 / 16.0).abs() < 1e-12);
+        assert!((upper_tail(20, 20, 0.5) - 0.5f64.powi(20)).abs() < 1e-18);
+        assert_eq!(upper_tail(0, 10, 0.1), 1.0);
+        assert_eq!(upper_tail(11, 10, 0.1), 0.0);
+        // 18 or more of 20 at a third, term by term.
+        let third = 1.0f64 / 3.0;
+        let exact = 190.0 * third.powi(18) * (2.0 * third).powi(2)
+            + 20.0 * third.powi(19) * (2.0 * third)
+            + third.powi(20);
+        assert!((upper_tail(18, 20, third) / exact - 1.0).abs() < 1e-9);
+        // Large n stays finite and small.
+        let p = upper_tail(900, 1000, 0.25);
+        assert!(p.is_finite() && p < 1e-100 || p == 0.0, "{p}");
+    }
+
+    fn request(pod: &str, e2e_ms: f64, slo: &str) -> Request {
+        Request {
+            file: 0,
+            line: 1,
+            at: 0.0,
+            fields: Fields {
+                ts: "2026-01-01T00:00:00Z".into(),
+                route: "chat".into(),
+                e2e_ms,
+                pod: Some(pod.into()),
+                slo: Some(slo.into()),
+                ..Fields::default()
+            },
+        }
+    }
+
+    /// Four pods; `slow` pods serve every request they get at 3x the others' E2E and violate.
+    fn fleet(slow: &[&str], n: usize) -> Vec<Request> {
+        let names = ["a", "b", "c", "d"];
+        (0..n)
+            .map(|i| {
+                let pod = names[i % 4];
+                let base = 1000.0 + (i * 37 % 101) as f64;
+                if slow.contains(&pod) {
+                    request(pod, base * 3.0, "violated")
+                } else {
+                    request(pod, base, if i % 50 == 0 { "violated" } else { "good" })
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_slow_pod_is_named_for_the_slowest_and_the_violations() {
+        let requests = fleet(&["c"], 400);
+        let refs: Vec<&Request> = requests.iter().collect();
+        let pods = of(Some("llm".into()), &refs).unwrap();
+        assert_eq!(pods.slowest, MIN_TAIL);
+        let named: Vec<(&str, &str)> = pods
+            .concentrated
+            .iter()
+            .map(|c| (c.pod.as_str(), c.on))
+            .collect();
+        assert_eq!(named, [("c", "slowest"), ("c", "violations")]);
+        assert!(
+            pods.verdict.contains("concentrate on pod c"),
+            "{}",
+            pods.verdict
+        );
+    }
+
+    #[test]
+    fn slowness_spread_over_the_pods_names_none() {
+        // Every 7th request is slow, whichever pod served it (7 shares no factor with the 4
+        // pods the requests go round).
+        let requests: Vec<Request> = (0..400)
+            .map(|i| {
+                let pod = ["a", "b", "c", "d"][i % 4];
+                let e2e = if i % 7 == 0 { 5000.0 } else { 1000.0 };
+                request(
+                    pod,
+                    e2e + i as f64,
+                    if i % 7 == 0 { "violated" } else { "good" },
+                )
+            })
+            .collect();
+        let refs: Vec<&Request> = requests.iter().collect();
+        let pods = of(None, &refs).unwrap();
+        assert!(pods.concentrated.is_empty(), "{:?}", pods.concentrated);
+        assert!(
+            pods.verdict.starts_with("no pod stands out"),
+            "{}",
+            pods.verdict
+        );
+    }
+
+    #[test]
+    fn too_few_requests_name_no_pod() {
+        // All of the slowest are c's, but the deployment's 20 requests are all "the slowest".
+        let requests = fleet(&["c"], 20);
+        let refs: Vec<&Request> = requests.iter().collect();
+        let pods = of(None, &refs).unwrap();
+        assert!(
+            pods.concentrated.iter().all(|c| c.on != "slowest"),
+            "{:?}",
+            pods.concentrated
+        );
+        // Without pods in the records there is nothing to say.
+        let mut old = fleet(&[], 40);
+        old.iter_mut().for_each(|r| r.fields.pod = None);
+        let refs: Vec<&Request> = old.iter().collect();
+        assert!(of(None, &refs).is_none());
+    }
+}
