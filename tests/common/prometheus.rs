@@ -207,6 +207,29 @@ impl Prometheus {
             .collect()
     }
 
+    /// The annotations of every active alert named `name`, with its labels.
+    pub async fn annotations(
+        &self,
+        name: &str,
+    ) -> Vec<(BTreeMap<String, String>, BTreeMap<String, String>)> {
+        let (_, body) = get(&self.url("/api/v1/alerts"))
+            .await
+            .expect("prometheus answers /api/v1/alerts");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        v["data"]["alerts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|a| a["labels"]["alertname"] == name)
+            .map(|a| {
+                (
+                    serde_json::from_value(a["labels"].clone()).unwrap(),
+                    serde_json::from_value(a["annotations"].clone()).unwrap(),
+                )
+            })
+            .collect()
+    }
+
     /// Polls `check` (every 200 ms, up to `secs`) until it returns `Some`; fails naming `what`
     /// and the last thing seen otherwise.
     pub async fn until<T, F, Fut>(&self, what: &str, secs: u64, mut check: F) -> T

@@ -68,6 +68,9 @@ pub(super) struct State {
     /// Microseconds every request waits before it is queued; set while running by
     /// [`super::RunningSim::set_extra_delay`].
     pub extra_delay_us: AtomicU64,
+    /// The share of requests answered with an error status, as `f64` bits: the configured
+    /// `fail_rate` until [`super::RunningSim::set_fail_rate`] changes it.
+    pub fail_rate_bits: AtomicU64,
 }
 
 /// xorshift64*: small, seeded, so a run's faults reproduce with `--seed`.
@@ -99,7 +102,7 @@ impl State {
     fn draw(&self) -> Fate {
         let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
         let c = &self.config;
-        let fail = rng.unit() < c.fail_rate;
+        let fail = rng.unit() < f64::from_bits(self.fail_rate_bits.load(Ordering::Relaxed));
         let midstream = rng.unit() < c.midstream_fail_rate;
         let drop = rng.unit() < c.drop_rate;
         let stall = rng.unit() < c.stall_rate;

@@ -133,6 +133,20 @@ impl RunningSim {
         self.state.extra_delay_us.store(micros, Ordering::Relaxed);
     }
 
+    /// From now on, this share of requests (0 to 1, clamped) is answered with the configured
+    /// error status: a running server that starts failing. For tests of fleet alerts; there is
+    /// no flag for changing it while running.
+    pub fn set_fail_rate(&self, rate: f64) {
+        let rate = if rate.is_nan() {
+            0.0
+        } else {
+            rate.clamp(0.0, 1.0)
+        };
+        self.state
+            .fail_rate_bits
+            .store(rate.to_bits(), Ordering::Relaxed);
+    }
+
     pub fn shutdown(&self) {
         self.accept.abort();
         self.engine.abort();
@@ -152,10 +166,11 @@ pub async fn start(config: SimConfig) -> io::Result<RunningSim> {
     let (jobs, engine) = engine::spawn(config.timing());
     let state = Arc::new(State {
         rng: Mutex::new(Rng::new(config.seed)),
-        config,
         jobs,
         next_id: AtomicU64::new(0),
         extra_delay_us: AtomicU64::new(0),
+        fail_rate_bits: AtomicU64::new(config.fail_rate.to_bits()),
+        config,
     });
     let accept = tokio::spawn(accept_loop(listener, state.clone()));
     Ok(RunningSim {
