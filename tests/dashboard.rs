@@ -4,6 +4,12 @@
 //! recorded by the shipped rules (`docker/prometheus/rules.yaml`); per-model queries use only
 //! raw families (the rules have no model label); and every expression, its template variables
 //! substituted, is PromQL that `promtool check rules` accepts.
+//!
+//! And against a fleet: every selector matches the deployment variables (`namespace`, `job`),
+//! every aggregation keeps them; a real Prometheus scraping three sidecars in two deployments
+//! that share route names (evaluating the generated rules, for the recorded queries) shows each
+//! deployment apart in every query, only the selected one when a namespace is picked, and only
+//! one pod's series when a pod is.
 
 mod common;
 
@@ -12,8 +18,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use common::prometheus::{get, url_encode, Prometheus, Target};
 use common::*;
 use serde_json::Value;
+use tokenmeter::tools::rules::{self, Format, Options};
+use tokenmeter::tools::sim::{self, SimConfig};
+use tokenmeter::Config;
 
 const DASHBOARD: &str = "grafana/dashboards/tokenmeter.json";
 const RULES: &str = "docker/prometheus/rules.yaml";
@@ -97,8 +107,21 @@ fn queries(dashboard: &Value) -> Vec<Query> {
     out
 }
 
-/// Grafana's variables as Prometheus would see them once Grafana has filled them in.
+/// The dashboard's query variables, in the order Grafana offers them: the deployment's labels,
+/// then route, model and the pod (`instance`).
+const VARIABLES: [&str; 5] = ["namespace", "job", "route", "model", "instance"];
+/// The labels that tell deployments apart, which every query filters on and groups by.
+const DEPLOYMENT: [&str; 2] = ["namespace", "job"];
+
+/// Grafana's variables as Prometheus would see them once Grafana has filled them in, every one
+/// at All.
 fn substitute(expr: &str) -> Result<String, String> {
+    substitute_with(expr, &[])
+}
+
+/// As [`substitute`], but the variables in `chosen` hold one value each, which Grafana writes
+/// regex-escaped (a single value of a multi-value variable is matched with `=~`).
+fn substitute_with(expr: &str, chosen: &[(&str, &str)]) -> Result<String, String> {
     let mut out = String::new();
     let mut rest = expr;
     while let Some(i) = rest.find('$') {
@@ -114,12 +137,16 @@ fn substitute(expr: &str) -> Result<String, String> {
                 .unwrap_or(after.len());
             (&after[..end], end)
         };
-        out.push_str(match name {
-            "route" | "model" => ".*",
-            "__rate_interval" | "__interval" => "5m",
-            "__range" => "1h",
+        match name {
+            _ if VARIABLES.contains(&name) => match chosen.iter().find(|(n, _)| *n == name) {
+                // Inside a PromQL string, so the regex's backslash is doubled.
+                Some((_, value)) => out.push_str(&value.replace('.', "\\\\.")),
+                None => out.push_str(".*"),
+            },
+            "__rate_interval" | "__interval" => out.push_str("5m"),
+            "__range" => out.push_str("1h"),
             other => return Err(format!("unknown template variable ${other}")),
-        });
+        }
         rest = &after[len..];
     }
     out.push_str(rest);
@@ -233,6 +260,134 @@ fn series_names(expr: &str) -> Vec<String> {
         }
     }
     names
+}
+
+/// Every vector selector of an expression: the series name and the text of its `{...}`
+/// matchers (empty without), strings, ranges and grouping lists skipped.
+fn selectors(expr: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut rest = expr;
+    for name in series_names(expr) {
+        // Names come in order, so each is found after the previous one; a name inside a
+        // string or a label list cannot come first, since series_names skipped those.
+        let at = find_word(rest, &name).expect("series_names returns words of the expression");
+        let after = &rest[at + name.len()..];
+        let trimmed = after.trim_start();
+        let matchers = if trimmed.starts_with('{') {
+            let end = skip_group(trimmed.as_bytes(), 0, b'{', b'}');
+            trimmed[1..end - 1].to_string()
+        } else {
+            String::new()
+        };
+        out.push((name, matchers));
+        rest = after;
+    }
+    out
+}
+
+/// Where `word` first occurs in `text` as a whole identifier, outside strings and `{}`.
+fn find_word(text: &str, word: &str) -> Option<usize> {
+    let s = text.as_bytes();
+    let ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_' || c == b':';
+    let mut i = 0;
+    while i < s.len() {
+        match s[i] {
+            b'"' | b'\'' | b'`' => i = skip_string(s, i),
+            b'{' => i = skip_group(s, i, b'{', b'}'),
+            c if ident(c) => {
+                let start = i;
+                while i < s.len() && ident(s[i]) {
+                    i += 1;
+                }
+                if &text[start..i] == word {
+                    return Some(start);
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    None
+}
+
+/// Identifiers and brackets of an expression, outside strings, matchers and ranges: enough to
+/// read aggregations and their grouping lists.
+fn tokens(expr: &str) -> Vec<String> {
+    let s = expr.as_bytes();
+    let ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_' || c == b':' || c == b'.';
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < s.len() {
+        match s[i] {
+            b'"' | b'\'' | b'`' => i = skip_string(s, i),
+            b'{' => i = skip_group(s, i, b'{', b'}'),
+            b'[' => i = skip_group(s, i, b'[', b']'),
+            b'(' | b')' => {
+                out.push((s[i] as char).to_string());
+                i += 1;
+            }
+            c if ident(c) => {
+                let start = i;
+                while i < s.len() && ident(s[i]) {
+                    i += 1;
+                }
+                out.push(expr[start..i].to_string());
+            }
+            _ => i += 1,
+        }
+    }
+    out
+}
+
+const AGGREGATIONS: &[&str] = &[
+    "sum",
+    "min",
+    "max",
+    "avg",
+    "group",
+    "stddev",
+    "stdvar",
+    "count",
+    "count_values",
+    "bottomk",
+    "topk",
+    "quantile",
+    "limitk",
+    "limit_ratio",
+];
+
+/// What in an expression could merge two deployments: an aggregation whose leading `by (...)`
+/// lacks a deployment label, or that has none (`sum(x)`, `sum without`, a trailing `by`), and a
+/// vector matching `on (...)` without them.
+fn merges(expr: &str) -> Vec<String> {
+    let t = tokens(expr);
+    let list = |from: usize| -> Vec<&str> {
+        t[from..]
+            .iter()
+            .skip(1)
+            .take_while(|w| *w != ")")
+            .map(String::as_str)
+            .collect()
+    };
+    let mut out = Vec::new();
+    for (i, word) in t.iter().enumerate() {
+        let next = t.get(i + 1).map(String::as_str);
+        let labels = if AGGREGATIONS.contains(&word.as_str()) && next == Some("by") {
+            list(i + 2)
+        } else if AGGREGATIONS.contains(&word.as_str()) {
+            out.push(format!("{word} without a leading by (...)"));
+            continue;
+        } else if word == "on" {
+            list(i + 1)
+        } else {
+            continue;
+        };
+        for l in DEPLOYMENT {
+            if !labels.contains(&l) {
+                out.push(format!("{word} ({}) without {l}", labels.join(", ")));
+            }
+        }
+    }
+    out
 }
 
 /// Range selectors' contents (`[5m]`, `[$__rate_interval]`), strings skipped.
@@ -372,7 +527,7 @@ async fn scrape_after_traffic() -> String {
 }
 
 /// The dashboard must import cleanly anywhere: a datasource picked by the user (no hard-coded
-/// uid), distinct ids, titled panels, route and model selectable with All.
+/// uid), distinct ids, titled panels, deployment, route, model and pod selectable with All.
 #[test]
 fn every_panel_queries_the_datasource_variable_and_has_an_id_and_a_title() {
     let d = dashboard();
@@ -389,7 +544,7 @@ fn every_panel_queries_the_datasource_variable_and_has_an_id_and_a_title() {
         .collect();
     assert_eq!(vars["datasource"]["type"], "datasource");
     assert_eq!(vars["datasource"]["query"], "prometheus");
-    for name in ["route", "model"] {
+    for name in VARIABLES {
         let v = vars[name];
         assert_eq!(v["type"], "query", "{name}");
         assert_eq!(v["datasource"], ds, "{name}");
@@ -552,4 +707,558 @@ fn substitution_fills_grafana_variables_and_refuses_unknown_ones() {
         r#"rate(x{route=~".*", model=~".*"}[5m])"#
     );
     assert!(substitute("x{route=~\"$rout\"}").is_err());
+    assert_eq!(
+        substitute_with(
+            r#"x{namespace=~"$namespace", job=~"$job", instance=~"$instance"}"#,
+            &[("namespace", "a"), ("instance", "127.0.0.1:9464")]
+        )
+        .unwrap(),
+        r#"x{namespace=~"a", job=~".*", instance=~"127\\.0\\.0\\.1:9464"}"#
+    );
+}
+
+#[test]
+fn merges_finds_aggregations_and_matchings_that_drop_the_deployment() {
+    assert!(merges(
+        r#"histogram_quantile(0.9, sum by (namespace, job, le) (rate(x{a="sum(y)"}[5m])))
+  * on (namespace, job, instance) group_left () count by (job, namespace, version) (z)"#
+    )
+    .is_empty());
+    assert_eq!(
+        merges("sum(x) / max by (route) (y) * on (instance) z + sum without (a) (w)"),
+        [
+            "sum without a leading by (...)",
+            "max (route) without namespace",
+            "max (route) without job",
+            "on (instance) without namespace",
+            "on (instance) without job",
+            "sum without a leading by (...)",
+        ]
+    );
+}
+
+#[test]
+fn selectors_pair_each_series_with_its_matchers() {
+    assert_eq!(
+        selectors(r#"sum by (a) (rate(x{a=~"$a", b="}"}[5m])) / y * on (a) x"#),
+        [
+            ("x".to_string(), r#"a=~"$a", b="}""#.to_string()),
+            ("y".to_string(), String::new()),
+            ("x".to_string(), String::new()),
+        ]
+    );
+}
+
+/// A fleet is many deployments whose routes share names: every selector of every panel matches
+/// the deployment variables, every aggregation and matching keeps the deployment labels, every
+/// legend names the deployment, and each variable is filtered by those before it.
+#[test]
+fn every_query_is_filtered_and_grouped_by_deployment() {
+    let d = dashboard();
+    let vars: Vec<&Value> = d["templating"]["list"].as_array().unwrap().iter().collect();
+    let names: Vec<&str> = vars.iter().map(|v| v["name"].as_str().unwrap()).collect();
+    assert_eq!(names[0], "datasource");
+    assert_eq!(names[1..], VARIABLES);
+    let pod = vars.iter().find(|v| v["name"] == "instance").unwrap();
+    assert_eq!(pod["label"], "Pod");
+
+    let mut wrong = Vec::new();
+    // Each variable's query matches every deployment variable before it (all of them, for
+    // route, model and pod).
+    for (i, var) in vars[1..].iter().enumerate() {
+        let query = var["query"].as_str().unwrap();
+        for l in &DEPLOYMENT[..i.min(DEPLOYMENT.len())] {
+            if !query.contains(&format!(r#"{l}=~"${l}""#)) {
+                wrong.push(format!("variable {}: no {l} matcher: {query}", var["name"]));
+            }
+        }
+    }
+    let mut pod_filtered = 0;
+    for panel in panels(&d) {
+        for t in panel["targets"].as_array().into_iter().flatten() {
+            let place = format!("panel {} {} {}", panel["id"], panel["title"], t["refId"]);
+            let expr = t["expr"].as_str().unwrap();
+            for (name, matchers) in selectors(expr) {
+                for l in DEPLOYMENT {
+                    if !matchers.contains(&format!(r#"{l}=~"${l}""#)) {
+                        wrong.push(format!("{place}: {name} not filtered by ${l}"));
+                    }
+                }
+                pod_filtered += usize::from(matchers.contains(r#"instance=~"$instance""#));
+                // The pod drill-down applies to raw families only: recorded series have no
+                // instance label, so filtering one would empty the panel.
+                if name.contains(':') && matchers.contains("instance") {
+                    wrong.push(format!("{place}: recorded {name} filtered by instance"));
+                }
+            }
+            for m in merges(expr) {
+                wrong.push(format!("{place}: {m}"));
+            }
+            // A table names its rows by their label columns; a series by its legend.
+            let legend = t["legendFormat"].as_str().unwrap_or_default();
+            if t["format"] != "table" && !legend.starts_with("{{namespace}}/{{job}}") {
+                wrong.push(format!(
+                    "{place}: legend {legend:?} does not name the deployment"
+                ));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    assert!(
+        pod_filtered >= 20,
+        "only {pod_filtered} selectors follow $instance"
+    );
+    // The first row is the fleet overview: goodput and burn per deployment side by side.
+    let first = &d["panels"][0];
+    assert_eq!(first["type"], "row");
+    assert!(
+        first["title"].as_str().unwrap().starts_with("Fleet"),
+        "{first}"
+    );
+}
+
+/// The fleet's two deployments: same job, same route names, told apart by namespace. `a` has
+/// two pods in front of a healthy server, `b` one pod in front of a server failing half of its
+/// requests.
+const FLEET: [(&str, usize, f64); 2] = [("a", 2, 0.0), ("b", 1, 0.5)];
+const JOB: &str = "llm";
+const FLEET_CONFIG: &str = "routes:
+  - name: chat
+    match: {path_prefix: /v1/}
+    slo: {ttft: 5s, tpot: 1s, e2e: 20s, max_itl: 5s, objective: 0.99}
+cost: {per_hour: 2.5, currency: USD}
+";
+
+/// Several sidecars in two deployments, scraped by one Prometheus every second with `rules`
+/// loaded; the proxies' counters have been scraped before and after a second burst of traffic,
+/// so every rate over them has two samples and the requests between them.
+struct Fleet {
+    prometheus: Prometheus,
+    /// Each pod's namespace and `instance` (its admin address, as Prometheus labels it).
+    pods: Vec<(&'static str, String)>,
+    _proxies: Vec<TestProxy>,
+    _sims: Vec<sim::RunningSim>,
+}
+
+fn chat_body() -> String {
+    r#"{"model":"sim-llama","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":4}"#
+        .to_string()
+}
+
+async fn fleet(rules: &str) -> Fleet {
+    let config = Config::parse(FLEET_CONFIG, "fleet.yaml").unwrap();
+    let mut sims = Vec::new();
+    let mut proxies = Vec::new();
+    let mut pods = Vec::new();
+    let mut targets = Vec::new();
+    for (namespace, replicas, fail_rate) in FLEET {
+        let sim = sim::start(SimConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            fail_rate,
+            seed: 7,
+            ..SimConfig::default()
+        })
+        .await
+        .unwrap();
+        for _ in 0..replicas {
+            let proxy = proxy(sim.addr, |c| {
+                c.routes = config.routes.clone();
+                c.cost = config.cost.clone();
+            })
+            .await;
+            targets.push(Target::new(
+                proxy.running.admin,
+                &[("namespace", namespace), ("job", JOB)],
+            ));
+            pods.push((namespace, proxy.running.admin.to_string()));
+            proxies.push(proxy);
+        }
+        sims.push(sim);
+    }
+    let prometheus = Prometheus::scraping(&targets, rules).await;
+    let burst = |n: usize| {
+        let proxies = &proxies;
+        async move {
+            for proxy in proxies {
+                for _ in 0..n {
+                    let r = send(
+                        &proxy.url("/v1/chat/completions"),
+                        "POST",
+                        &chat_body(),
+                        &[("content-type", "application/json")],
+                        false,
+                    )
+                    .await;
+                    assert!(r.status == 200 || r.status == 500, "{}", r.status);
+                }
+            }
+        }
+    };
+    burst(3).await;
+    let want: BTreeMap<String, f64> = FLEET
+        .iter()
+        .map(|(ns, replicas, _)| (ns.to_string(), *replicas as f64))
+        .collect();
+    // Every pod's counters exist and were scraped once before the second burst.
+    prometheus
+        .until("every pod's eligible counter scraped", 30, || async {
+            let got: BTreeMap<String, f64> = prometheus
+                .query("count by (namespace) (count by (namespace, instance) (tokenmeter_slo_eligible_requests_total))")
+                .await
+                .into_iter()
+                .map(|(l, v)| (l["namespace"].clone(), v))
+                .collect();
+            if got == want {
+                Ok(())
+            } else {
+                Err(format!("{got:?}"))
+            }
+        })
+        .await;
+    burst(5).await;
+    for proxy in &proxies {
+        proxy.records(8).await;
+    }
+    // The fleet is what the test says: the healthy deployment's pods all good, the other's
+    // some good and some failed.
+    let count = |text: &str, family: &str| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with(&format!("{family}{{")))
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+            .sum()
+    };
+    for (proxy, (namespace, instance)) in proxies.iter().zip(&pods) {
+        let metrics = proxy.metrics();
+        let good = count(&metrics, "tokenmeter_slo_good_requests_total");
+        let eligible = count(&metrics, "tokenmeter_slo_eligible_requests_total");
+        let failing = FLEET
+            .iter()
+            .any(|(ns, _, rate)| ns == namespace && *rate > 0.0);
+        assert_eq!(eligible, 8.0, "{namespace} {instance}");
+        if failing {
+            assert!(
+                0.0 < good && good < eligible,
+                "{namespace} {instance}: {good} good"
+            );
+        } else {
+            assert_eq!(good, eligible, "{namespace} {instance}");
+        }
+    }
+    Fleet {
+        prometheus,
+        pods,
+        _proxies: proxies,
+        _sims: sims,
+    }
+}
+
+type Series = Vec<(BTreeMap<String, String>, f64)>;
+
+/// An instant query at `time`, so that two queries compare the same data.
+async fn query_at(prometheus: &Prometheus, promql: &str, time: f64) -> Result<Series, String> {
+    let url = prometheus.url(&format!(
+        "/api/v1/query?query={}&time={time:.3}",
+        url_encode(promql)
+    ));
+    let (status, body) = get(&url).await.ok_or("no answer")?;
+    if status != 200 {
+        return Err(format!("{promql}: {status} {body}"));
+    }
+    let v: Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
+    Ok(v["data"]["result"]
+        .as_array()
+        .ok_or(format!("{promql}: {body}"))?
+        .iter()
+        .map(|s| {
+            let labels = serde_json::from_value(s["metric"].clone()).unwrap();
+            let value = s["value"][1].as_str().unwrap().parse::<f64>().unwrap();
+            (labels, value)
+        })
+        .collect())
+}
+
+fn now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// The deployments a query may show in this fleet: `a` has no failed request, so queries of
+/// errors and violations show `b` alone; every other query shows both.
+fn expected_deployments(expr: &str) -> BTreeSet<String> {
+    let failures = expr.contains(r#"outcome=~"error|cancelled""#)
+        || expr.contains(r#"outcome="error""#)
+        || expr.contains("violations");
+    FLEET
+        .iter()
+        .filter(|(_, _, fail_rate)| !failures || *fail_rate > 0.0)
+        .map(|(ns, _, _)| ns.to_string())
+        .collect()
+}
+
+/// What is wrong with one query's result over the fleet: a series without its deployment
+/// (two deployments merged into it), a foreign job, or not exactly the deployments it should
+/// show.
+fn deployment_errors(expr: &str, result: &Series) -> Vec<String> {
+    let mut errors = Vec::new();
+    let mut seen = BTreeSet::new();
+    for (labels, _) in result {
+        let (Some(ns), Some(job)) = (labels.get("namespace"), labels.get("job")) else {
+            errors.push(format!("a series without its deployment: {labels:?}"));
+            continue;
+        };
+        if job != JOB {
+            errors.push(format!("job {job:?}: {labels:?}"));
+        }
+        seen.insert(ns.clone());
+    }
+    let want = expected_deployments(expr);
+    if seen != want {
+        errors.push(format!("deployments {seen:?}, want {want:?}"));
+    }
+    errors
+}
+
+fn same(a: &Series, b: &Series) -> bool {
+    let close = |x: f64, y: f64| {
+        (x.is_nan() && y.is_nan()) || x == y || (x - y).abs() <= 1e-9 * x.abs().max(y.abs())
+    };
+    let sorted = |s: &Series| {
+        let mut s = s.clone();
+        s.sort_by(|x, y| x.0.cmp(&y.0));
+        s
+    };
+    let (a, b) = (sorted(a), sorted(b));
+    a.len() == b.len() && a.iter().zip(&b).all(|(x, y)| x.0 == y.0 && close(x.1, y.1))
+}
+
+/// Runs `queries` over the fleet: first (polling) until each, at All, shows exactly the
+/// deployments it should, apart, and each pod selected shows that pod's data; then, at that
+/// instant, a namespace selected must give exactly that deployment's part of the All result, and
+/// a pod selected only its own deployment and its own series. A query that does not follow the
+/// variable (the namespace variable's own query; recorded series and the Fleet row for a pod)
+/// must not change with it.
+async fn check_against_fleet(fleet: &Fleet, queries: &[Query]) {
+    let prometheus = &fleet.prometheus;
+    let pod_expr = |q: &Query, instance: &str| substitute_with(&q.expr, &[("instance", instance)]);
+    // Queries look 2 s into the past: every scrape and rule evaluation stamped before then has
+    // been written (each takes milliseconds), so two queries at that instant see the same data.
+    let time = prometheus
+        .until(
+            "every query to show each deployment apart and each pod's own data",
+            60,
+            || async {
+                let time = now() - 2.0;
+                let mut wrong = Vec::new();
+                for q in queries {
+                    let expr = substitute(&q.expr).unwrap();
+                    let result = query_at(prometheus, &expr, time).await?;
+                    for e in deployment_errors(&q.expr, &result) {
+                        wrong.push(format!("{}: {e}\n  {expr}", q.place));
+                    }
+                    if !q.expr.contains("$instance") {
+                        continue;
+                    }
+                    for (namespace, instance) in &fleet.pods {
+                        if !expected_deployments(&q.expr).contains(*namespace) {
+                            continue;
+                        }
+                        let expr = pod_expr(q, instance).unwrap();
+                        if query_at(prometheus, &expr, time).await?.is_empty() {
+                            wrong.push(format!("{}: empty for pod {instance}", q.place));
+                        }
+                    }
+                }
+                if wrong.is_empty() {
+                    Ok(time)
+                } else {
+                    Err(wrong.join("\n"))
+                }
+            },
+        )
+        .await;
+
+    let mut wrong = Vec::new();
+    for q in queries {
+        let all = query_at(prometheus, &substitute(&q.expr).unwrap(), time)
+            .await
+            .unwrap();
+        for (namespace, _, _) in FLEET {
+            let expr = substitute_with(&q.expr, &[("namespace", namespace)]).unwrap();
+            let one = query_at(prometheus, &expr, time).await.unwrap();
+            let want: Series = if q.expr.contains("$namespace") {
+                all.iter()
+                    .filter(|(l, _)| l["namespace"] == namespace)
+                    .cloned()
+                    .collect()
+            } else {
+                all.clone()
+            };
+            if !same(&one, &want) {
+                wrong.push(format!(
+                    "{}: namespace {namespace} selected gives\n  {one:?}\n  not\n  {want:?}",
+                    q.place
+                ));
+            }
+        }
+        for (namespace, instance) in &fleet.pods {
+            let one = query_at(prometheus, &pod_expr(q, instance).unwrap(), time)
+                .await
+                .unwrap();
+            if !q.expr.contains("$instance") {
+                if !same(&one, &all) {
+                    wrong.push(format!("{}: changes with pod {instance}", q.place));
+                }
+                continue;
+            }
+            for (labels, _) in &one {
+                let other_pod = labels.get("instance").is_some_and(|i| i != instance);
+                if labels.get("namespace") != Some(&namespace.to_string()) || other_pod {
+                    wrong.push(format!(
+                        "{}: pod {namespace} {instance} selected, yet {labels:?}",
+                        q.place
+                    ));
+                }
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+fn is_recorded(q: &Query) -> bool {
+    series_names(&q.expr).iter().any(|n| n.contains(':'))
+}
+
+/// The dashboard against a real scrape of a fleet: two deployments with the same route names,
+/// three sidecars. Every query over raw families keeps the deployments apart, a namespace
+/// selected shows only it, a pod only its own series; the variables offer both deployments and,
+/// within one, its own pods.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raw_queries_show_each_deployment_of_a_fleet_apart() {
+    let started = tokio::time::Instant::now();
+    let fleet = fleet("groups: []\n").await;
+    let raw: Vec<Query> = queries(&dashboard())
+        .into_iter()
+        .filter(|q| !is_recorded(q))
+        .collect();
+    assert!(raw.len() >= 30, "{} raw queries", raw.len());
+    check_against_fleet(&fleet, &raw).await;
+
+    let p = &fleet.prometheus;
+    let values = |query: String, label: &'static str| async move {
+        let mut v: Vec<String> = p
+            .query(&query)
+            .await
+            .into_iter()
+            .map(|(l, _)| l[label].clone())
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    };
+    let d = dashboard();
+    let var = |name: &str| -> String {
+        let var = d["templating"]["list"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == name)
+            .unwrap();
+        let q = var["query"].as_str().unwrap();
+        let series = q
+            .strip_prefix("label_values(")
+            .and_then(|q| q.rsplit_once(','))
+            .unwrap()
+            .0;
+        series.to_string()
+    };
+    let pick = |name: &str, chosen: &[(&str, &str)]| substitute_with(&var(name), chosen).unwrap();
+    assert_eq!(
+        values(pick("namespace", &[]), "namespace").await,
+        ["a", "b"]
+    );
+    assert_eq!(
+        values(pick("job", &[("namespace", "b")]), "job").await,
+        [JOB]
+    );
+    for (namespace, replicas, _) in FLEET {
+        let mut want: Vec<String> = fleet
+            .pods
+            .iter()
+            .filter(|(ns, _)| *ns == namespace)
+            .map(|(_, i)| i.clone())
+            .collect();
+        want.sort();
+        assert_eq!(want.len(), replicas);
+        let got = values(pick("instance", &[("namespace", namespace)]), "instance").await;
+        assert_eq!(got, want, "pods of {namespace}");
+        let routes = values(pick("route", &[("namespace", namespace)]), "route").await;
+        assert_eq!(routes, ["chat"], "routes of {namespace}");
+    }
+
+    // The attainment of each deployment is its own: `a` all good, `b` not; summed into one
+    // (the bug this dashboard must not have), `a` would read below 1.
+    let attainment = queries(&d)
+        .into_iter()
+        .find(|q| q.place.contains("SLO attainment vs objective") && q.place.ends_with(" A"))
+        .expect("the attainment panel");
+    let got: BTreeMap<String, f64> = p
+        .query(&substitute(&attainment.expr).unwrap())
+        .await
+        .into_iter()
+        .map(|(l, v)| (l["namespace"].clone(), v))
+        .collect();
+    assert_eq!(got.get("a"), Some(&1.0), "{got:?}");
+    assert!(got.get("b").is_some_and(|b| *b < 1.0), "{got:?}");
+    eprintln!(
+        "{} raw queries over 3 sidecars in 2 deployments: {:.1} s",
+        raw.len(),
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// The recorded queries (the Fleet row, burn rates, recorded latency, violations, cost) over
+/// the same fleet with the rules `tokenmeter rules` generates for its configuration: each
+/// deployment apart, a namespace selected shows only it, and the cost per hour counts each
+/// deployment's own pods.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recorded_queries_show_each_deployment_of_a_fleet_apart() {
+    let started = tokio::time::Instant::now();
+    let config = Config::parse(FLEET_CONFIG, "fleet.yaml").unwrap();
+    let rules = rules::render(
+        &config,
+        &Options {
+            format: Format::Prometheus,
+            ..Options::default()
+        },
+        "fleet.yaml",
+    );
+    let fleet = fleet(&rules).await;
+    let recorded: Vec<Query> = queries(&dashboard())
+        .into_iter()
+        .filter(is_recorded)
+        .collect();
+    assert!(recorded.len() >= 20, "{} recorded queries", recorded.len());
+    check_against_fleet(&fleet, &recorded).await;
+
+    let p = &fleet.prometheus;
+    let by_namespace = |query: &'static str| async move {
+        p.query(query)
+            .await
+            .into_iter()
+            .map(|(l, v)| (l["namespace"].clone(), v))
+            .collect::<BTreeMap<String, f64>>()
+    };
+    let cost = by_namespace(r#"namespace_job:tokenmeter_cost_per_hour:sum{currency="USD"}"#).await;
+    assert_eq!(cost.get("a"), Some(&5.0), "two pods at 2.5: {cost:?}");
+    assert_eq!(cost.get("b"), Some(&2.5), "one pod at 2.5: {cost:?}");
+    let goodput = by_namespace("namespace_job_route:tokenmeter_slo_goodput:ratio_rate1h").await;
+    assert_eq!(goodput.get("a"), Some(&1.0), "{goodput:?}");
+    assert!(goodput.get("b").is_some_and(|b| *b < 1.0), "{goodput:?}");
+    eprintln!(
+        "{} recorded queries over 3 sidecars in 2 deployments: {:.1} s",
+        recorded.len(),
+        started.elapsed().as_secs_f64()
+    );
 }
