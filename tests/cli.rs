@@ -263,7 +263,7 @@ async fn csv_records_go_to_stdout() {
         columns[..5],
         ["ts", "request_id", "route", "model", "method"]
     );
-    assert_eq!(columns.len(), 46);
+    assert_eq!(columns.len(), 49);
     let field = |name: &str| {
         row.get(columns.iter().position(|c| *c == name).unwrap())
             .unwrap()
