@@ -15,8 +15,8 @@ use tokenmeter::{Config, ConfigError, Overrides, Running, Upstream};
 
 /// jemalloc, with its background thread, rather than glibc's malloc: after bursts of connections
 /// close, glibc keeps what they freed, more after each burst; jemalloc gives it back within its
-/// decay, the same after each burst, at the same CPU per request. The figures: README, "Soak
-/// and memory", and `docs/performance-history.md`.
+/// decay, the same after each burst, at the same CPU per request. The figures:
+/// `docs/performance.md`, "Soak and memory", and `docs/performance-history.md`.
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
