@@ -30,8 +30,8 @@ mod publish;
 pub mod tools;
 
 pub use config::{
-    parse_duration, AccessLog, Config, ConfigError, Cost, EngineMetrics, Identity, LogFormat,
-    LogPath, Route, Upstream,
+    parse_duration, AccessLog, Config, ConfigError, Cost, EngineMetrics, HeaderMatch, Identity,
+    LogFormat, LogPath, Match, Route, Slo, Upstream,
 };
 pub use measure::{Meter, Recorder, TimedBody, TimedBodyError};
 pub use parse::{

@@ -1,4 +1,4 @@
-//! The `tokenmeter` command: run the proxy, or check a configuration.
+//! The `tokenmeter` command: run the proxy, or one of its tools (`check`, `sim`, `bench`, ...).
 //!
 //! Every failure the user can fix (a bad config, a port in use) ends in one line on stderr
 //! and a non-zero exit, never a panic or a backtrace.
@@ -6,7 +6,7 @@
 #![forbid(unsafe_code)]
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
@@ -15,8 +15,8 @@ use tokenmeter::{Config, ConfigError, Overrides, Running, Upstream};
 
 /// jemalloc, with its background thread, rather than glibc's malloc: after bursts of connections
 /// close, glibc keeps what they freed, more after each burst; jemalloc gives it back within its
-/// decay, the same after each burst, at the same CPU per request. The figures: README, "Soak
-/// and memory", and `docs/performance-history.md`.
+/// decay, the same after each burst, at the same CPU per request. The figures:
+/// `docs/performance.md`, "Soak and memory", and `docs/performance-history.md`.
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
@@ -25,7 +25,8 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
     name = "tokenmeter",
     version,
     about = "A sidecar reverse proxy that measures TTFT, TPOT, ITL, E2E and goodput of an LLM server",
-    args_conflicts_with_subcommands = true
+    args_conflicts_with_subcommands = true,
+    after_help = RUN_EXAMPLES
 )]
 struct Cli {
     #[command(subcommand)]
@@ -34,28 +35,96 @@ struct Cli {
     run: RunArgs,
 }
 
+// Each subcommand's --help ends with examples a user can paste (tests/cli.rs checks they are
+// there); they live here, beside the commands, so the argument structs stay their tools' own.
+const RUN_EXAMPLES: &str = "\
+Examples:
+  # In front of a model server on :8000: clients on :8080, /metrics and the live view on :9464
+  tokenmeter --upstream http://127.0.0.1:8000
+  # With a configuration file (routes, SLOs, the per-request record), one worker thread
+  tokenmeter --config tokenmeter.yaml --workers 1
+  # The whole product in one process, no model server needed
+  tokenmeter demo";
+
+const CHECK_EXAMPLES: &str = "\
+Examples:
+  tokenmeter check tokenmeter.yaml
+  tokenmeter check --config /etc/tokenmeter/tokenmeter.yaml && kubectl apply -f configmap.yaml
+
+Prints the routes in match order with their SLOs; warns (stderr, exit 0) about a route an
+earlier one makes unreachable and a route with thresholds but no objective.";
+
+const SIM_EXAMPLES: &str = "\
+Examples:
+  # An engine running at most 8 requests at once, on :8000
+  tokenmeter sim --listen 127.0.0.1:8000 --max-batch 8
+  # One request in 20 fails with 503, one in 50 stalls for 2 s mid-stream
+  tokenmeter sim --fail-rate 0.05 --fail-status 503 --stall-rate 0.02 --stall 2s";
+
+const BENCH_EXAMPLES: &str = "\
+Examples:
+  # Closed loop: 1, 4 and 8 users, 24 requests each, goodput against a 300 ms TTFT
+  tokenmeter bench --url http://127.0.0.1:8080 --concurrency 1,4,8 --requests 24 --slo-ttft 300ms
+  # Open loop at 2, 4 and 8 requests/s, every request to a CSV, the curve to an SVG
+  tokenmeter bench --url http://127.0.0.1:8080 --rate 2,4,8 --csv bench.csv --plot bench.svg
+  # What the proxy adds: the same requests to the server (A) and through tokenmeter (B)
+  tokenmeter bench --url http://127.0.0.1:8000 --compare http://127.0.0.1:8080 --concurrency 1,8";
+
+const RULES_EXAMPLES: &str = "\
+Examples:
+  # A PrometheusRule for the Prometheus Operator
+  tokenmeter rules --config tokenmeter.yaml > prometheusrule.yaml
+  # Plain rule groups for prometheus.yml's rule_files, for one namespace's sidecars
+  tokenmeter rules --config tokenmeter.yaml --format prometheus --selector 'namespace=\"chat\"' > rules.yaml";
+
+const DEMO_EXAMPLES: &str = "\
+Examples:
+  tokenmeter demo
+  # Shorter levels, files kept in ./demo, the live view kept up after the sweep
+  tokenmeter demo --duration 10s --out demo --serve";
+
+const INJECT_EXAMPLES: &str = "\
+Examples:
+  kubectl get deployment,service -l app=vllm -o yaml | tokenmeter inject | kubectl apply -f -
+  # The two-container form, for clusters before Kubernetes 1.29
+  tokenmeter inject --classic < deployment.yaml > deployment-with-tokenmeter.yaml";
+
+const REPORT_EXAMPLES: &str = "\
+Examples:
+  # Tables on the terminal, from every pod's records merged
+  tokenmeter report /var/log/tokenmeter/pod-*.jsonl
+  # With the SLOs beside the figures, the 20 slowest requests explained
+  tokenmeter report records.jsonl --config tokenmeter.yaml --slowest 20
+  # One self-contained HTML page, or JSON for a script
+  tokenmeter report records.jsonl --html report.html
+  tokenmeter report records.jsonl --format json > report.json";
+
 #[derive(Subcommand)]
 enum Command {
     /// Validate a configuration file and exit 0 (valid) or 2 (invalid).
-    Check {
-        #[arg(long, value_name = "FILE")]
-        config: PathBuf,
-    },
+    #[command(after_help = CHECK_EXAMPLES)]
+    Check(tokenmeter::tools::check::CheckArgs),
     /// Run a simulated OpenAI-compatible inference server (continuous batching, faults).
+    #[command(after_help = SIM_EXAMPLES)]
     Sim(tokenmeter::tools::sim::SimConfig),
     /// Sweep concurrency levels or request rates against a chat endpoint and report latency,
     /// throughput, goodput and cost; --compare measures what a second endpoint adds.
     // Boxed: its many flags would otherwise make every variant of this enum as large.
+    #[command(after_help = BENCH_EXAMPLES)]
     Bench(Box<tokenmeter::tools::bench::BenchArgs>),
     /// Print Prometheus recording and alerting rules for the configuration's SLOs.
+    #[command(after_help = RULES_EXAMPLES)]
     Rules(tokenmeter::tools::rules::RulesArgs),
     /// The tour: the sim, tokenmeter in front of it and a load sweep, in one process.
+    #[command(after_help = DEMO_EXAMPLES)]
     Demo(tokenmeter::tools::demo::DemoArgs),
     /// Add the tokenmeter sidecar to Kubernetes YAML on stdin (Deployments, StatefulSets and
     /// the Services selecting them) and write it to stdout.
+    #[command(after_help = INJECT_EXAMPLES)]
     Inject(tokenmeter::tools::inject::InjectArgs),
     /// Why was it slow? Per route and model: percentiles, goodput, the bend against concurrency
     /// and the slowest requests with their likely causes, from per-request record files.
+    #[command(after_help = REPORT_EXAMPLES)]
     Report(tokenmeter::tools::report::ReportArgs),
 }
 
@@ -88,7 +157,7 @@ fn parse_upstream(text: &str) -> Result<Upstream, String> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Some(Command::Check { config }) => check(&config),
+        Some(Command::Check(args)) => tokenmeter::tools::check::main(args),
         Some(Command::Sim(config)) => tokenmeter::tools::sim::main(config),
         Some(Command::Bench(args)) => tokenmeter::tools::bench::main(*args),
         Some(Command::Rules(args)) => tokenmeter::tools::rules::main(args),
@@ -96,23 +165,6 @@ fn main() -> ExitCode {
         Some(Command::Inject(args)) => tokenmeter::tools::inject::main(args),
         Some(Command::Report(args)) => tokenmeter::tools::report::main(args),
         None => run(cli.run),
-    }
-}
-
-fn check(path: &Path) -> ExitCode {
-    match Config::load(path) {
-        Ok(config) => {
-            println!(
-                "{}: ok (listen {}, admin {}, upstream {}, {} route(s))",
-                path.display(),
-                config.listen,
-                config.admin,
-                config.upstream,
-                config.routes.len()
-            );
-            ExitCode::SUCCESS
-        }
-        Err(e) => fail(&e),
     }
 }
 

@@ -263,7 +263,11 @@ async fn csv_records_go_to_stdout() {
         columns[..5],
         ["ts", "request_id", "route", "model", "method"]
     );
-    assert_eq!(columns.len(), 49);
+    assert_eq!(
+        columns.len(),
+        49,
+        "the contract's columns, pod, namespace and deployment last"
+    );
     let field = |name: &str| {
         row.get(columns.iter().position(|c| *c == name).unwrap())
             .unwrap()
@@ -350,4 +354,179 @@ async fn sighup_reopens_the_record_file_for_logrotate() {
     let old = wait_for_records(&rotated, 1).await;
     assert_eq!(old.len(), 1);
     assert_eq!(old[0]["model"], "before");
+}
+
+/// Every subcommand's `--help` ends with examples to paste; the list of subcommands is read from
+/// the top-level help, so a new one without examples fails here.
+#[test]
+fn every_subcommand_help_has_examples() {
+    let top = tokenmeter().arg("--help").output().unwrap();
+    let top = String::from_utf8_lossy(&top.stdout).into_owned();
+    assert!(top.contains("Examples:"), "{top}");
+    let commands: Vec<&str> = top
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| *c != "help")
+        .collect();
+    for expected in ["check", "sim", "bench", "rules", "demo", "inject", "report"] {
+        assert!(commands.contains(&expected), "{expected} in {commands:?}");
+    }
+    for command in commands {
+        let out = tokenmeter().args([command, "--help"]).output().unwrap();
+        assert!(out.status.success(), "{command} --help");
+        let help = String::from_utf8_lossy(&out.stdout);
+        let examples = help
+            .split_once("Examples:")
+            .map(|(_, after)| after)
+            .unwrap_or_else(|| panic!("{command} --help has no examples:\n{help}"));
+        assert!(
+            examples.contains(&format!("tokenmeter {command}")),
+            "{command}'s examples run it:\n{help}"
+        );
+    }
+}
+
+fn check(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = tokenmeter().arg("check").args(args).output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `check FILE` and `check --config FILE` are the same check; giving both is refused (which
+/// one would count?), and so is giving neither.
+#[test]
+fn check_takes_the_file_as_an_argument_or_with_config() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/config/tokenmeter.yaml");
+    let positional = check(&[path]);
+    assert_eq!(positional.0, Some(0), "{}", positional.2);
+    assert_eq!(positional, check(&["--config", path]));
+
+    let (code, _, stderr) = check(&[path, "--config", path]);
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("cannot be used with"), "{stderr}");
+    let (code, _, stderr) = check(&[]);
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("<FILE>"), "{stderr}");
+}
+
+/// What `check` prints is what the proxy will judge: every route in match order with its
+/// thresholds and objective, and the default route's, so a wrong unit shows before it serves.
+#[test]
+fn check_prints_the_slos_it_parsed() {
+    let dir = TempDir::new();
+    let path = dir.path().join("slos.yaml");
+    std::fs::write(
+        &path,
+        "routes:\n\
+         \x20 - name: chat\n\
+         \x20   match: {path_prefix: /v1/chat/, methods: [POST]}\n\
+         \x20   slo: {ttft: 300ms, tpot: 40ms, e2e: 8s, objective: 0.99}\n\
+         \x20 - name: batch\n\
+         \x20   match: {path: /v1/completions}\n\
+         \x20   slo: {e2e: 1m, max_itl: 2s, objective: 0.999}\n",
+    )
+    .unwrap();
+    let (code, stdout, stderr) = check(&[path.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stderr.is_empty(), "nothing to warn about: {stderr}");
+    let lines: Vec<&str> = stdout.lines().map(str::trim).collect();
+    let after = |name: &str| {
+        let at = lines.iter().position(|l| l.starts_with(name)).unwrap();
+        (lines[at], lines[at + 1])
+    };
+    let (chat, chat_slo) = after("chat ");
+    assert!(
+        chat.contains("path_prefix /v1/chat/, methods POST"),
+        "{stdout}"
+    );
+    assert_eq!(
+        chat_slo,
+        "SLO TTFT <= 300ms, TPOT <= 40ms, E2E <= 8s, objective 99 %"
+    );
+    assert_eq!(
+        after("batch ").1,
+        "SLO E2E <= 1m, max ITL <= 2s, objective 99.9 %"
+    );
+    assert_eq!(after("default ").1, "no SLO: measured, never judged");
+    // Match order: chat before batch before the default.
+    let order: Vec<usize> = ["chat ", "batch ", "default "]
+        .iter()
+        .map(|n| lines.iter().position(|l| l.starts_with(n)).unwrap())
+        .collect();
+    assert!(order.windows(2).all(|w| w[0] < w[1]), "{stdout}");
+}
+
+/// Two valid mistakes are warned about on stderr, the file still valid (exit 0): a route that
+/// an earlier route makes unreachable, and thresholds without an objective (no alerts). Routes
+/// whose overlap is only partial are not warned about.
+#[test]
+fn check_warns_about_unreachable_routes_and_missing_objectives() {
+    let dir = TempDir::new();
+    let path = dir.path().join("mistakes.yaml");
+    std::fs::write(
+        &path,
+        "routes:\n\
+         \x20 - name: chat\n\
+         \x20   match: {path_prefix: /v1/chat/}\n\
+         \x20   slo: {ttft: 300ms, objective: 0.99}\n\
+         \x20 - name: gold\n\
+         \x20   match: {path_prefix: /v1/chat/completions, headers: {x-tier: gold}}\n\
+         \x20   slo: {ttft: 200ms, objective: 0.999}\n\
+         \x20 - name: post-only\n\
+         \x20   match: {path_prefix: /v1/, methods: [POST]}\n\
+         \x20   slo: {e2e: 30s}\n\
+         \x20 - name: completions\n\
+         \x20   match: {path: /v1/completions}\n\
+         \x20   slo: {e2e: 60s, objective: 0.95}\n\
+         \x20 - name: everything\n\
+         \x20   slo: {e2e: 60s, objective: 0.9}\n\
+         \x20 - name: default\n\
+         \x20   slo: {e2e: 30s, objective: 0.9}\n",
+    )
+    .unwrap();
+    let (code, stdout, stderr) = check(&[path.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.contains("ok"), "{stdout}");
+    let warnings: Vec<&str> = stderr.lines().collect();
+    let about = |route: &str| -> Vec<&str> {
+        warnings
+            .iter()
+            .copied()
+            .filter(|w| w.contains(&format!("`{route}` ")))
+            .collect()
+    };
+    assert!(
+        warnings
+            .iter()
+            .all(|w| w.starts_with("tokenmeter: warning: ") && w.contains("mistakes.yaml")),
+        "{stderr}"
+    );
+    let gold = about("gold");
+    assert!(
+        gold.iter()
+            .any(|w| w.contains("routes[1] `gold` never gets a request: routes[0] `chat`")),
+        "{stderr}"
+    );
+    assert!(
+        about("post-only")
+            .iter()
+            .any(|w| w.contains("no objective, so it gets no alerts")),
+        "{stderr}"
+    );
+    // A POST-only prefix route does not cover an exact path that takes every method.
+    assert!(
+        !stderr.contains("routes[3] `completions` never"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("routes[5] `default` never gets a request: routes[4] `everything`"),
+        "{stderr}"
+    );
+    assert_eq!(warnings.len(), 3, "{stderr}");
 }

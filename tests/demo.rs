@@ -51,6 +51,35 @@ fn a_short_demo_prints_every_level_and_leaves_matching_csvs() {
     assert_eq!(proxy.lines().count() - 1, sent, "{proxy}");
     let summary = format!("of {sent} requests meet the SLO; tokenmeter");
     assert!(stdout.contains(&summary), "{stdout}");
+    assert!(stdout.contains("it refreshes every second"), "{stdout}");
+
+    // "Next:" gives the report command over the files just written; as printed, it must work
+    // and write the HTML page.
+    let next = stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("Next:"))
+        .nth(1)
+        .expect("a command under Next:")
+        .trim();
+    let words: Vec<&str> = next.split_whitespace().collect();
+    assert_eq!(words[..2], ["tokenmeter", "report"], "{next}");
+    assert!(next.contains("proxy-records.csv"), "{next}");
+    let html = dir.path().join("report.html");
+    assert!(
+        words.contains(&"--html") && next.ends_with(&*html.to_string_lossy()),
+        "{next}"
+    );
+    let report = Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
+        .args(&words[1..])
+        .output()
+        .expect("the binary runs");
+    assert!(
+        report.status.success(),
+        "{next}\n{}",
+        String::from_utf8_lossy(&report.stderr)
+    );
+    let page = std::fs::read_to_string(&html).expect("the report page");
+    assert!(page.contains("<svg") && page.contains("chat"), "{page}");
 }
 
 #[test]

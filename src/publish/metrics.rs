@@ -472,9 +472,8 @@ impl Metrics {
         m.publish_config(config);
         #[cfg(target_os = "linux")]
         {
-            let process = prometheus::process_collector::ProcessCollector::for_self();
             // Process metrics are a convenience; a platform that cannot read them keeps serving.
-            let _ = m.registry.register(Box::new(process));
+            let _ = m.registry.register(Box::new(ProcessMetrics::default()));
         }
         m
     }
@@ -786,9 +785,180 @@ impl ModelLabels {
     }
 }
 
+/// The standard `process_*` families, with `process_cpu_seconds_total` to the clock tick.
+///
+/// The `prometheus` crate's process collector divides the CPU ticks by the tick rate in
+/// integers, so a sidecar that has used 0.9 s of CPU publishes 0, and a light one's CPU panel
+/// stays flat for its first seconds of CPU. This wraps that collector, keeping its other
+/// families (memory, file descriptors, threads, start time) exactly, and replaces the CPU value
+/// with `utime + stime` from `/proc/self/stat` divided by the tick rate as a float. That sum
+/// covers every thread the process ever had, exited ones included, so it never goes down (a
+/// sum over `/proc/self/task/*/schedstat`, finer, would drop when a thread exits).
+#[cfg(target_os = "linux")]
+struct ProcessMetrics(prometheus::process_collector::ProcessCollector);
+
+#[cfg(target_os = "linux")]
+impl Default for ProcessMetrics {
+    fn default() -> ProcessMetrics {
+        ProcessMetrics(prometheus::process_collector::ProcessCollector::for_self())
+    }
+}
+
+#[cfg(target_os = "linux")]
+impl Collector for ProcessMetrics {
+    fn desc(&self) -> Vec<&prometheus::core::Desc> {
+        self.0.desc()
+    }
+
+    fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
+        let mut families = self.0.collect();
+        let seconds = process_cpu_seconds();
+        for family in &mut families {
+            if family.name() != "process_cpu_seconds_total" {
+                continue;
+            }
+            match seconds {
+                Some(seconds) => {
+                    for metric in family.mut_metric() {
+                        let mut counter = prometheus::proto::Counter::default();
+                        counter.set_value(seconds);
+                        metric.set_counter(counter);
+                    }
+                }
+                // Unreadable here means unreadable for the inner collector too, which then
+                // publishes no CPU family; never publish its whole seconds instead.
+                None => family.set_metric(Vec::new()),
+            }
+        }
+        families.retain(|f| !f.get_metric().is_empty());
+        families
+    }
+}
+
+/// CPU time (user + system) of the whole process so far, in seconds, to the clock tick.
+#[cfg(target_os = "linux")]
+fn process_cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let ticks = cpu_ticks(&stat)?;
+    Some(ticks as f64 / clock_ticks_per_second() as f64)
+}
+
+/// `utime + stime` from a `/proc/PID/stat` line (fields 14 and 15, proc(5)). The command name,
+/// field 2, is in parentheses and may itself hold spaces and parentheses, so the fields are
+/// counted from the last `)`.
+fn cpu_ticks(stat: &str) -> Option<u64> {
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    // After the name, field 3 (state) comes first: field N is at index N - 3.
+    let mut fields = after_name.split_whitespace().skip(14 - 3);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// The unit of `/proc/PID/stat`'s times, `USER_HZ`: what `sysconf(_SC_CLK_TCK)` returns, which
+/// glibc reads from the `AT_CLKTCK` entry the kernel puts in every process's auxiliary vector.
+/// Read here from `/proc/self/auxv` (native-endian word pairs of key and value), so no `unsafe`
+/// call is needed. Without it, 100: the `USER_HZ` of every architecture Linux builds for except
+/// alpha.
+#[cfg(target_os = "linux")]
+fn clock_ticks_per_second() -> u64 {
+    static TICKS: OnceLock<u64> = OnceLock::new();
+    *TICKS.get_or_init(|| {
+        std::fs::read("/proc/self/auxv")
+            .ok()
+            .and_then(|auxv| auxv_entry(&auxv, AT_CLKTCK))
+            .filter(|&ticks| ticks > 0)
+            .unwrap_or(100)
+    })
+}
+
+/// The auxiliary vector's key for the clock tick (`<elf.h>`).
+const AT_CLKTCK: u64 = 17;
+
+/// The value of `key` in an auxiliary vector: pairs of native words, ended by a zero key.
+fn auxv_entry(auxv: &[u8], key: u64) -> Option<u64> {
+    const WORD: usize = std::mem::size_of::<usize>();
+    let word = |bytes: &[u8]| -> Option<u64> {
+        let bytes: [u8; WORD] = bytes.try_into().ok()?;
+        u64::try_from(usize::from_ne_bytes(bytes)).ok()
+    };
+    for pair in auxv.chunks_exact(2 * WORD) {
+        let k = word(&pair[..WORD])?;
+        if k == 0 {
+            return None;
+        }
+        if k == key {
+            return word(&pair[WORD..]);
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_ticks_are_read_after_the_command_name() {
+        // A command name may hold spaces and parentheses; fields count from the last `)`.
+        let line = "4242 (a (b) c) S 1 4242 4242 0 -1 4194560 1 0 0 0 37 5 0 0 20 0 9 0 100 0 0";
+        assert_eq!(cpu_ticks(line), Some(42));
+        assert_eq!(cpu_ticks("4242 (x) S 1 2"), None);
+        assert_eq!(cpu_ticks("garbage"), None);
+    }
+
+    #[test]
+    fn the_clock_tick_is_found_in_an_auxiliary_vector() {
+        let mut auxv = Vec::new();
+        for (k, v) in [(6usize, 4096usize), (17, 250), (0, 0)] {
+            auxv.extend_from_slice(&k.to_ne_bytes());
+            auxv.extend_from_slice(&v.to_ne_bytes());
+        }
+        assert_eq!(auxv_entry(&auxv, AT_CLKTCK), Some(250));
+        assert_eq!(auxv_entry(&auxv, 99), None);
+        assert_eq!(auxv_entry(&auxv[..3], AT_CLKTCK), None);
+    }
+
+    /// A light sidecar's CPU must show before it has used a whole second: the published value
+    /// is the process's CPU time to the clock tick, not its whole seconds.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn process_cpu_seconds_has_sub_second_precision() {
+        let registry = Registry::new();
+        registry
+            .register(Box::new(ProcessMetrics::default()))
+            .unwrap();
+        let published = || {
+            registry
+                .gather()
+                .iter()
+                .find(|f| f.name() == "process_cpu_seconds_total")
+                .map(|f| f.get_metric()[0].get_counter().get_value())
+                .expect("process_cpu_seconds_total is published")
+        };
+        let start = published();
+        let start_exact = process_cpu_seconds().unwrap();
+        // Burn about 0.3 s of CPU on this thread, bounded by wall time on a loaded machine.
+        let deadline = SystemTime::now() + Duration::from_secs(30);
+        let mut x = 1u64;
+        while process_cpu_seconds().unwrap() < start_exact + 0.3 && SystemTime::now() < deadline {
+            for _ in 0..100_000 {
+                x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+            }
+        }
+        let before = process_cpu_seconds().unwrap();
+        let value = published();
+        let after = process_cpu_seconds().unwrap();
+        assert!(
+            value - start > 0.2,
+            "{start} s, then {value} s after 0.3 s of CPU"
+        );
+        // Not whole seconds: the value lies between two exact readings taken around it.
+        assert!(
+            (before..=after).contains(&value),
+            "published {value} s, the process had used {before}..{after} s"
+        );
+    }
 
     #[test]
     fn model_labels_are_bounded() {

@@ -233,6 +233,10 @@ async fn demo(args: DemoArgs) -> Result<(), String> {
     std::fs::create_dir_all(&out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
     let records = out.join("proxy-records.csv");
     let bench_csv = out.join("bench.csv");
+    // The proxy's configuration beside its records, so `report --config` can show the SLO.
+    let config_file = out.join("tokenmeter.yaml");
+    std::fs::write(&config_file, DEMO_CONFIG)
+        .map_err(|e| format!("cannot write {}: {e}", config_file.display()))?;
     // Each run starts its files afresh, so the CSVs hold this run only.
     for file in [&records, &bench_csv] {
         if let Err(e) = std::fs::remove_file(file) {
@@ -282,7 +286,7 @@ async fn demo(args: DemoArgs) -> Result<(), String> {
         per_level.as_secs_f64(),
     );
     println!(
-        "  live view   http://{}/   (open it now: it updates every second)",
+        "  live view   http://{}/   (open it now: it refreshes every second)",
         proxy.admin
     );
     println!("  metrics     http://{}/metrics", proxy.admin);
@@ -368,7 +372,14 @@ async fn demo(args: DemoArgs) -> Result<(), String> {
     );
     let _ = writeln!(
         summary,
-        "\nNext: `tokenmeter bench --help` to drive your own server, `config/tokenmeter.yaml` for routes and SLOs."
+        "  {}   the proxy's configuration (the chat route and its SLO)",
+        config_file.display()
+    );
+    let _ = writeln!(
+        summary,
+        "\nNext: the proxy's records as one page (the bend, the slowest requests and why):\n  {}\n\
+         then `tokenmeter bench --help` to drive your own server, `config/tokenmeter.yaml` for routes and SLOs.",
+        report_command(&records, &config_file, &out.join("report.html"))
     );
     print!("{summary}");
 
@@ -383,6 +394,29 @@ async fn demo(args: DemoArgs) -> Result<(), String> {
     proxy.wait().await;
     sim.shutdown();
     Ok(())
+}
+
+/// The command that turns the demo's records into the HTML report, ready to paste.
+fn report_command(records: &Path, config: &Path, html: &Path) -> String {
+    format!(
+        "tokenmeter report {} --config {} --html {}",
+        shell_word(records),
+        shell_word(config),
+        shell_word(html)
+    )
+}
+
+/// A path as one shell word: as it is when it holds nothing a shell would split or expand.
+fn shell_word(path: &Path) -> String {
+    let text = path.display().to_string();
+    let plain = text
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"/._-+:@%,=".contains(&b));
+    if plain && !text.is_empty() {
+        text
+    } else {
+        format!("'{}'", text.replace('\'', "'\\''"))
+    }
 }
 
 /// The `tokenmeter demo` command.
@@ -414,6 +448,19 @@ mod tests {
         assert_eq!(slo.ttft, Some(SLO_TTFT));
         assert_eq!(slo.tpot, Some(SLO_TPOT));
         assert_eq!(slo.e2e, Some(SLO_E2E));
+    }
+
+    #[test]
+    fn paths_in_the_next_command_are_single_shell_words() {
+        assert_eq!(
+            shell_word(Path::new("/tmp/tokenmeter-demo/a.csv")),
+            "/tmp/tokenmeter-demo/a.csv"
+        );
+        assert_eq!(
+            shell_word(Path::new("/tmp/my demo/a.csv")),
+            "'/tmp/my demo/a.csv'"
+        );
+        assert_eq!(shell_word(Path::new("/tmp/it's")), "'/tmp/it'\\''s'");
     }
 
     #[test]

@@ -3,10 +3,12 @@
 //!
 //! [`sim`] is a simulated inference server, [`bench`](mod@bench) a load generator, [`demo`] both
 //! with the proxy between them, [`rules`] turns SLOs into Prometheus rules, [`inject`] adds the
-//! sidecar to Kubernetes YAML, [`report`] explains the slow requests in per-request records;
+//! sidecar to Kubernetes YAML, [`report`] explains the slow requests in per-request records, [`check`]
+//! validates a configuration and warns about routes that cannot work as meant;
 //! [`cli`] is what every subcommand shares.
 
 pub mod bench;
+pub mod check;
 pub mod cli;
 pub mod demo;
 pub mod inject;
