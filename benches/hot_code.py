@@ -7,7 +7,7 @@ of text, one or two functions a page. Linked where they happen to fall, the code
 of TTFT ran (each from the wake-up that brought its read to its write) sat on 87 and 76 pages,
 libc's included; linked together, on 44 and 52 (nginx's: 67 and 51), and the median TTFT of
 2,000 one-user requests came 29 µs lower (both ways round against the same code unordered;
-README, "Against nginx").
+docs/performance.md, "Against nginx").
 
 The script runs the shipping binary under valgrind's callgrind while the footprint bench's mock
 serves one user's requests, takes every function of the binary that ran from the sixth request

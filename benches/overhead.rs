@@ -6,7 +6,7 @@
 //! off`: the pass-through floor, which measures nothing), through the real `tokenmeter` release
 //! binary with one worker (the same resources as nginx's), and through it on its default worker
 //! count (one per CPU). The proxies are child processes, so their CPU time and RSS are their own.
-//! It prints one Markdown table for the README, each figure for every way with tokenmeter's (one
+//! It prints one Markdown table for docs/performance.md, each figure for every way with tokenmeter's (one
 //! worker) ratio to nginx: added TTFT at one user (the ways alternating request by request), proxy
 //! CPU seconds per 1,000 frames and proxy RSS at 128, 512, 1,024 and 2,048 concurrent streams, and
 //! at the top level (2,048 streams saturate a 2-core machine: proxy, mock and load generator share

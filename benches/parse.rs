@@ -5,7 +5,7 @@
 //! The response parser is fed one frame per event, as servers write them, on one core (the bench
 //! is single-threaded), so "events per second" is per core. Each fixture is read with the dialect
 //! its path gives and, separately, from an unknown path, where the dialect is sniffed from the
-//! first events. The tables are Markdown, for the README.
+//! first events. The tables are Markdown, for docs/performance.md.
 
 // Wall-clock CPU measurement of pure functions: tokio's clock is for the proxy's own timestamps.
 #![allow(clippy::disallowed_types, clippy::disallowed_methods)]

@@ -353,7 +353,7 @@ fn chat_not_streamed() {
 }
 
 /// A client that hangs up after the first token: the record says `cancelled`, and the engine
-/// stops generating at once, because the proxy dropped the upstream request (README: "the
+/// stops generating at once, because the proxy dropped the upstream request (docs/architecture.md: "the
 /// client going away ... drops the upstream request at once, so the model server stops
 /// generating"). Asked for 3000 tokens (8+ s here), it generates only a handful.
 #[test]
