@@ -119,7 +119,8 @@ async fn sweep_names_the_batch_limit_as_saturation() -> TestResult {
     .await?;
     // Long enough answers that the moment between two requests of one worker (its round trip
     // and prefill) is a small part of a level, or level 4 outgrows level 2 by that idle time.
-    let mut a = args(&sim, &[1, 2, 4, 8], 8, 32);
+    // 20 requests a level: the knee rule's minimum sample.
+    let mut a = args(&sim, &[1, 2, 4, 8], report::MIN_LEVEL_SAMPLE as u32, 32);
     a.prompt_tokens = 4;
     let sweep = bench::run(&a).await;
     let tps: Vec<f64> = sweep.levels.iter().map(|l| l.output_tokens_per_s).collect();
@@ -161,7 +162,7 @@ async fn failures_are_counted_not_fatal() -> TestResult {
     let text = report::render(&sweep.levels, &a.slo());
     assert!(text.contains("4 errors"), "{text}");
     assert!(
-        text.contains("no saturation within the levels tried"),
+        text.contains("too few levels with 20 or more successful requests to tell"),
         "{text}"
     );
     Ok(())

@@ -12,13 +12,18 @@ use super::{BenchArgs, Sweep};
 /// The most ITL gaps pooled for one level's percentiles, so memory stays bounded.
 const MAX_LEVEL_GAPS: usize = 4_000_000;
 
-/// Output tokens/s must grow by at least this share from one level to the next, or the server
-/// is past its knee (when TTFT is rising too).
-const SATURATION_GROWTH: f64 = 0.10;
+/// The knee rule's threshold on the share of its own throughput that added load still brings
+/// (the log-log slope of output tokens/s against load, see [`knee`]). Below saturation an open
+/// loop serves what is offered (share 1) and a closed loop loses only what contention takes;
+/// past it the share drops towards 0. For a throughput curve of the usual saturating form
+/// T = T_max · L / (L + K) the share at L is exactly 1 - T / T_max, so a share under a third
+/// means the server already delivers two thirds of the most it could: past that, more load
+/// buys little throughput and costs latency.
+pub const KNEE_SHARE: f64 = 1.0 / 3.0;
 
-/// Open loop: achieved output tokens/s must grow by at least this share of the offered rate's
-/// growth from one level to the next, or it has stopped tracking the offered load.
-const TRACKING_SHARE: f64 = 0.5;
+/// A level with fewer successful requests is not judged for the knee: its p99 TTFT would be
+/// its one or two slowest requests, and its throughput a handful of completions.
+pub const MIN_LEVEL_SAMPLE: usize = 20;
 
 /// What a level holds steady: the requests in flight (closed loop) or the offered arrival rate
 /// in requests/s (open loop).
@@ -231,41 +236,63 @@ impl LevelReport {
 pub struct Knee {
     /// The last level before the curve bends.
     pub load: Load,
-    /// What the next level added: its output tokens/s growth, its load's growth (both as
-    /// shares), and its p99 TTFT before and after, in ms.
+    /// What the next judged level added: its output tokens/s growth and its load's growth
+    /// (both as shares of this level's), the share of its own throughput the added load
+    /// brought ([`KNEE_SHARE`]), and p99 TTFT here and there, in ms.
     pub throughput_growth: f64,
     pub load_growth: f64,
+    pub share: f64,
     pub ttft_p99: (f64, f64),
 }
 
+/// Whether a level takes part in finding the knee: it measured a p99 TTFT and some
+/// throughput, over at least [`MIN_LEVEL_SAMPLE`] successful requests. A level built without
+/// its records (the report's levels, which keep only their figures) is taken as judged by
+/// whoever built it: the report applies its own minimum before it asks.
+fn judged(level: &LevelReport) -> bool {
+    let ok = level.records.len().saturating_sub(level.errors);
+    level.ttft.p99.is_some()
+        && level.output_tokens_per_s > 0.0
+        && level.load.value() > 0.0
+        && (level.records.is_empty() || ok >= MIN_LEVEL_SAMPLE)
+}
+
 /// The level past which the server saturates, `None` when no level in the sweep behaves so.
-/// Closed loop: output tokens/s grows by less than 10 % while p99 TTFT rises. Open loop: output
-/// tokens/s grows by less than half as much as the offered rate while p99 TTFT rises.
+///
+/// One rule for closed loops (load = concurrency), open loops (load = offered rate) and the
+/// report's bend (load = requests in flight at arrival): going from one judged level to the
+/// next, the added load's share of throughput is the slope of output tokens/s against load on
+/// log-log axes, ln(T2/T1) / ln(L2/L1): 1 when throughput grows in proportion to the load, 0
+/// when it does not grow at all. The knee is the last level before that share falls under
+/// [`KNEE_SHARE`] while p99 TTFT rises. Judged per relative change of load, a step from 8 to 9
+/// users is held to an eighth of the growth a step from 1 to 2 is, so fine sweeps and coarse
+/// ones name the same level; and slopes compose (8 to 12 to 16 averages to 8 to 16), so the
+/// answer does not hinge on where the sweep put its levels. Levels are taken in order of load;
+/// levels with too small a sample are skipped, not judged (see [`MIN_LEVEL_SAMPLE`]).
 pub fn knee(levels: &[LevelReport]) -> Option<Knee> {
-    levels.windows(2).find_map(|pair| {
-        let (before, after) = (&pair[0], &pair[1]);
+    let mut judged: Vec<&LevelReport> = levels.iter().filter(|l| judged(l)).collect();
+    judged.sort_by(|a, b| a.load.value().total_cmp(&b.load.value()));
+    judged.windows(2).find_map(|pair| {
+        let (before, after) = (pair[0], pair[1]);
         let (b, a) = (before.ttft.p99?, after.ttft.p99?);
-        let throughput_growth =
-            after.output_tokens_per_s / before.output_tokens_per_s.max(f64::MIN_POSITIVE) - 1.0;
-        let load_growth = after.load.value() / before.load.value().max(f64::MIN_POSITIVE) - 1.0;
-        let flat = match (before.load, after.load) {
-            (Load::Rate(_), Load::Rate(_)) => {
-                load_growth > 0.0 && throughput_growth < load_growth * TRACKING_SHARE
-            }
-            _ => throughput_growth < SATURATION_GROWTH,
-        };
-        (flat && a > b).then_some(Knee {
+        let load_ratio = after.load.value() / before.load.value();
+        if load_ratio <= 1.0 {
+            return None;
+        }
+        let throughput_ratio = after.output_tokens_per_s / before.output_tokens_per_s;
+        let share = throughput_ratio.ln() / load_ratio.ln();
+        (share < KNEE_SHARE && a > b).then_some(Knee {
             load: before.load,
-            throughput_growth,
-            load_growth,
+            throughput_growth: throughput_ratio - 1.0,
+            load_growth: load_ratio - 1.0,
+            share,
             ttft_p99: (b, a),
         })
     })
 }
 
-/// The first level past which output tokens/s grows by less than 10 % while p99 TTFT keeps
-/// rising; `None` when no level in the sweep behaves so. For an open-loop sweep this is the
-/// peak in flight of the knee's level; [`knee`] says which rate.
+/// The concurrency of the [`knee`]'s level: for an open-loop sweep the peak in flight of the
+/// knee's level ([`knee`] says which rate).
 pub fn saturation(levels: &[LevelReport]) -> Option<u32> {
     let found = knee(levels)?;
     levels
@@ -276,24 +303,29 @@ pub fn saturation(levels: &[LevelReport]) -> Option<u32> {
 
 /// The saturation verdict in words.
 pub fn verdict(levels: &[LevelReport]) -> String {
-    match knee(levels) {
-        Some(Knee {
-            load: Load::Concurrency(c),
-            ..
-        }) => format!(
-            "saturation: past concurrency {c} output tokens/s grows by less than 10 % while p99 TTFT keeps rising"
+    let Some(k) = knee(levels) else {
+        let judged = levels.iter().filter(|l| judged(l)).count();
+        return if judged < 2 {
+            format!(
+                "saturation: too few levels with {MIN_LEVEL_SAMPLE} or more successful requests to tell"
+            )
+        } else {
+            "saturation: no saturation within the levels tried".into()
+        };
+    };
+    let (b, a) = k.ttft_p99;
+    let added = format!(
+        "load +{:.0} %, output tokens/s {:+.0} %: the added load brought {:.0} % of its share (under {:.0} %), while p99 TTFT rose from {b:.1} to {a:.1} ms",
+        k.load_growth * 100.0,
+        k.throughput_growth * 100.0,
+        k.share.max(0.0) * 100.0,
+        KNEE_SHARE * 100.0
+    );
+    match k.load {
+        Load::Concurrency(c) => format!("saturation: past concurrency {c} ({added})"),
+        Load::Rate(r) => format!(
+            "saturation: past {r} requests/s offered, output tokens/s stops tracking the offered load ({added})"
         ),
-        Some(Knee {
-            load: Load::Rate(r),
-            throughput_growth,
-            load_growth,
-            ttft_p99: (b, a),
-        }) => format!(
-            "saturation: past {r} requests/s offered, output tokens/s stops tracking the offered load (offered +{:.0} %, served {:+.0} %) while p99 TTFT rises from {b:.1} to {a:.1} ms",
-            load_growth * 100.0,
-            throughput_growth * 100.0
-        ),
-        None => "saturation: no saturation within the levels tried".into(),
     }
 }
 
