@@ -565,3 +565,92 @@ async fn compare_reports_the_added_prefill_of_b() -> TestResult {
     assert!(text.contains("B: http://"), "{text}");
     Ok(())
 }
+
+/// A port on this machine with nothing listening: bound, then released.
+fn closed_port() -> std::io::Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}
+
+fn bench_cli(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
+        .arg("bench")
+        .args(args)
+        .output()
+        .expect("tokenmeter runs")
+}
+
+// Issue 38: with nothing listening, bench printed "3 errors" and exited 0; a CI job could not
+// tell a dead server from a fast one, and the reason was only in the CSV.
+#[test]
+fn nothing_listening_prints_the_causes_and_exits_1() -> TestResult {
+    let url = format!("http://127.0.0.1:{}", closed_port()?);
+    let out = bench_cli(&["--url", &url, "--concurrency", "1,2", "--requests", "3"]);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("errors: 6 of 6 requests failed"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("     6  connection refused (first: connection refused: "),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains(
+            "failed requests above --max-error-share 5 % at concurrency 1 100 %, concurrency 2 100 %"
+        ),
+        "{stderr}"
+    );
+    // The gate is the flag's: allowing every request to fail, the same run exits 0.
+    let out = bench_cli(&[
+        "--url",
+        &url,
+        "--concurrency",
+        "1",
+        "--requests",
+        "2",
+        "--max-error-share",
+        "1",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bad = bench_cli(&["--url", &url, "--max-error-share", "5"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("`5` is not a share"));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn error_summary_groups_by_cause_and_the_gate_counts_each_level() -> TestResult {
+    let sim = start(|c| c.fail_rate = 0.5).await?;
+    let a = args(&sim, &[1, 2], 20, 2);
+    let sweep = bench::run_with(&a, &bench::progress::Silent).await;
+    let failed: usize = sweep.levels.iter().map(|l| l.errors).sum();
+    assert!(failed > 0 && failed < 40, "about half fail: {failed}");
+    let text = report::render_sweep(&sweep, &a);
+    assert!(
+        text.contains(&format!("errors: {failed} of 40 requests failed")),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("{failed:>6}  HTTP status 500 (first: status 500)")),
+        "{text}"
+    );
+    // Each level is judged on its own share against the threshold.
+    let share = |l: &report::LevelReport| l.errors as f64 / 20.0;
+    let failing = report::failing_levels(&sweep.levels, 0.05);
+    assert_eq!(
+        failing.len(),
+        sweep.levels.iter().filter(|l| share(l) > 0.05).count()
+    );
+    assert!(report::failing_levels(&sweep.levels, 1.0).is_empty());
+    Ok(())
+}

@@ -106,6 +106,11 @@ pub struct BenchArgs {
     /// The currency of --cost-per-hour.
     #[arg(long, value_name = "CODE", default_value = "USD")]
     pub currency: String,
+    /// Exit with status 1 when any level's share of failed requests is above this (0 to 1),
+    /// after printing everything: a CI job gates on it. Above it a level's percentiles, taken
+    /// over the requests that succeeded, no longer describe what its users got.
+    #[arg(long, value_name = "SHARE", default_value = "0.05", value_parser = parse_share)]
+    pub max_error_share: f64,
     /// A request still unfinished after this long is abandoned and counted as an error.
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
     pub timeout: Duration,
@@ -197,6 +202,15 @@ fn parse_rate(text: &str) -> Result<f64, String> {
         Ok(r) if r.is_finite() && r > 0.0 && r <= 1_000_000.0 => Ok(r),
         _ => Err(format!(
             "`{text}` is not a rate: write requests per second, above 0"
+        )),
+    }
+}
+
+fn parse_share(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(s) if (0.0..=1.0).contains(&s) => Ok(s),
+        _ => Err(format!(
+            "`{text}` is not a share: write a number from 0 to 1 (0.05 is 5 %)"
         )),
     }
 }
@@ -504,5 +518,25 @@ fn finish(args: &BenchArgs, sweep: &Sweep) -> ExitCode {
         }
     }
     print!("{}", report::render_sweep(sweep, args));
-    ExitCode::SUCCESS
+    let failing: Vec<String> = report::failing_levels(&sweep.levels, args.max_error_share)
+        .into_iter()
+        .chain(report::failing_levels(
+            &sweep.compared,
+            args.max_error_share,
+        ))
+        .map(|(level, share)| format!("{} {:.0} %", level.load, share * 100.0))
+        .collect();
+    if failing.is_empty() {
+        return ExitCode::SUCCESS;
+    }
+    eprintln!(
+        "tokenmeter: bench: failed requests above --max-error-share {:.0} % at {}",
+        args.max_error_share * 100.0,
+        failing.join(", ")
+    );
+    ExitCode::from(EXIT_ERRORS)
 }
+
+/// The exit status when a level failed more than `--max-error-share` of its requests (2 is
+/// a command that could not run at all: bad flags, an unreadable prompts file).
+pub const EXIT_ERRORS: u8 = 1;

@@ -329,6 +329,53 @@ pub fn verdict(levels: &[LevelReport]) -> String {
     }
 }
 
+/// Each cause of failure over `levels` ([`cause`](super::request::cause)), with how many
+/// requests it ended and the first such request's whole error; most frequent first.
+pub fn error_causes<'a>(
+    levels: impl IntoIterator<Item = &'a LevelReport>,
+) -> Vec<(String, usize, String)> {
+    let mut causes: Vec<(String, usize, String)> = Vec::new();
+    for record in levels.into_iter().flat_map(|l| &l.records) {
+        let Some(cause) = super::request::cause(record) else {
+            continue;
+        };
+        match causes.iter_mut().find(|c| c.0 == cause) {
+            Some(c) => c.1 += 1,
+            None => causes.push((cause, 1, record.error.clone().unwrap_or_default())),
+        }
+    }
+    causes.sort_by(|a, b| b.1.cmp(&a.1));
+    causes
+}
+
+/// The failed requests by cause, as printed after the tables; empty when none failed.
+pub fn render_errors<'a>(levels: impl IntoIterator<Item = &'a LevelReport> + Clone) -> String {
+    let causes = error_causes(levels.clone());
+    if causes.is_empty() {
+        return String::new();
+    }
+    let failed: usize = causes.iter().map(|c| c.1).sum();
+    let total: usize = levels.into_iter().map(|l| l.records.len()).sum();
+    let mut out = format!(
+        "errors: {failed} of {total} requests failed
+"
+    );
+    for (cause, count, example) in &causes {
+        let _ = writeln!(out, "  {count:>6}  {cause} (first: {example})");
+    }
+    out
+}
+
+/// The levels whose share of failed requests is above `max_share`, with that share.
+pub fn failing_levels(levels: &[LevelReport], max_share: f64) -> Vec<(&LevelReport, f64)> {
+    levels
+        .iter()
+        .filter(|l| !l.records.is_empty())
+        .map(|l| (l, l.errors as f64 / l.records.len() as f64))
+        .filter(|&(_, share)| share > max_share)
+        .collect()
+}
+
 fn cell(value: Option<f64>) -> String {
     value.map_or_else(|| "-".to_string(), |v| format!("{v:.1}"))
 }
@@ -474,7 +521,7 @@ pub fn render_compare(a: &[LevelReport], b: &[LevelReport]) -> String {
 /// the cost when priced.
 pub fn render_sweep(sweep: &Sweep, args: &BenchArgs) -> String {
     let (slo, price) = (args.slo(), args.cost());
-    match &args.compare {
+    let mut out = match &args.compare {
         None => render_levels(&sweep.levels, &slo, price.as_ref()),
         Some(b) => {
             let mut out = format!("A: {}\n\n", args.url);
@@ -485,7 +532,9 @@ pub fn render_sweep(sweep: &Sweep, args: &BenchArgs) -> String {
             out.push_str(&render_compare(&sweep.levels, &sweep.compared));
             out
         }
-    }
+    };
+    out.push_str(&render_errors(sweep.levels.iter().chain(&sweep.compared)));
+    out
 }
 
 /// Writes one row per request of every level to `path`.

@@ -219,6 +219,46 @@ impl Timing {
     }
 }
 
+/// Why a request got no response, worded so that [`cause`] can group it: `connection
+/// refused: ..`, `connect failed: ..` (DNS, TLS, unreachable) or `request failed: ..` (the
+/// connection broke while sending or before the response head).
+fn sending_error(e: &hyper_util::client::legacy::Error) -> String {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    let mut refused = false;
+    let mut detail = e.to_string();
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            refused |= io.kind() == std::io::ErrorKind::ConnectionRefused;
+        }
+        detail = s.to_string();
+        source = s.source();
+    }
+    if refused {
+        format!("connection refused: {detail}")
+    } else if e.is_connect() {
+        format!("connect failed: {detail}")
+    } else {
+        format!("request failed: {detail}")
+    }
+}
+
+/// The cause of a failed request, for the error summary: the words before the first `:` of
+/// its error (see [`sending_error`]), `HTTP status N`, `timeout`, or the stream's own failure.
+pub fn cause(record: &Record) -> Option<String> {
+    let error = record.error.as_deref()?;
+    Some(if error.starts_with("status ") {
+        format!("HTTP status {}", record.status)
+    } else if error.starts_with("timed out") {
+        "timeout".into()
+    } else if error.starts_with("body failed") {
+        "broken stream".into()
+    } else if let Some((head, _)) = error.split_once(':') {
+        head.to_string()
+    } else {
+        error.to_string()
+    })
+}
+
 async fn exchange(
     client: &HttpClient,
     request: http::Request<Full<Bytes>>,
@@ -227,7 +267,7 @@ async fn exchange(
     let response = client
         .request(request)
         .await
-        .map_err(|e| format!("request failed: {e}"))?;
+        .map_err(|e| sending_error(&e))?;
     timing.status = response.status().as_u16();
     if !response.status().is_success() {
         // The error body is not read: it says nothing bench reports, and it may be large.
