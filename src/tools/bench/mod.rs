@@ -100,6 +100,10 @@ pub struct BenchArgs {
     /// SLO on end-to-end latency, for goodput.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub slo_e2e: Option<Duration>,
+    /// The share of a level's requests that must meet the SLO for the level to count as
+    /// meeting it, for the recommendation.
+    #[arg(long, value_name = "SHARE", default_value = "0.9", value_parser = parse_share)]
+    pub slo_objective: f64,
     /// The price of an hour of the server, for the cost per request and per million tokens.
     #[arg(long, value_name = "PRICE", value_parser = parse_price)]
     pub cost_per_hour: Option<f64>,
@@ -524,7 +528,7 @@ fn finish(args: &BenchArgs, sweep: &Sweep) -> ExitCode {
             &sweep.compared,
             args.max_error_share,
         ))
-        .map(|(level, share)| format!("{} {:.0} %", level.load, share * 100.0))
+        .map(|(level, share)| format!("{} ({:.0} % failed)", level.load, share * 100.0))
         .collect();
     if failing.is_empty() {
         return ExitCode::SUCCESS;

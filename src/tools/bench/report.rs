@@ -231,6 +231,117 @@ impl LevelReport {
     }
 }
 
+impl LevelReport {
+    /// Output tokens of the requests that met `slo` (every successful one without an SLO).
+    pub fn good_output_tokens(&self, slo: &Slo) -> u64 {
+        self.records
+            .iter()
+            .filter(|r| slo.is_good(r))
+            .map(|r| r.output_tokens)
+            .sum()
+    }
+
+    /// What one *good* request and one million *good* output tokens cost: the price of an
+    /// hour over what that hour serves within `slo` at this level's rate. A level that serves
+    /// fast but late pays for requests nobody could use; `None` when nothing was good.
+    pub fn good_cost(&self, price: &Cost, slo: &Slo) -> Option<(f64, f64)> {
+        let secs = self.wall.as_secs_f64();
+        let good = self.records.iter().filter(|r| slo.is_good(r)).count();
+        let tokens = self.good_output_tokens(slo);
+        if good == 0 || tokens == 0 || secs <= 0.0 {
+            return None;
+        }
+        Some((
+            price.per_hour / (good as f64 / secs * 3600.0),
+            price.per_hour / (tokens as f64 / secs * 3600.0) * 1e6,
+        ))
+    }
+}
+
+/// The default `--slo-objective`: the share of requests that must meet the SLO for a level to
+/// count as meeting it (DistServe's goodput is judged at 90 % attainment).
+pub const DEFAULT_OBJECTIVE: f64 = 0.9;
+
+/// Which level to run at, in words: the level with the most goodput among those whose SLO
+/// attainment reaches `objective`, with its cost per good request and per million good output
+/// tokens when priced; or that no level meets the SLO. Without an SLO every successful request
+/// counts, so the recommendation is the cheapest (most served) level, and it says so.
+pub fn recommend(
+    levels: &[LevelReport],
+    slo: &Slo,
+    objective: f64,
+    price: Option<&Cost>,
+) -> String {
+    let cost = |level: &LevelReport| -> String {
+        let Some(price) = price else {
+            return String::new();
+        };
+        match level.good_cost(price, slo) {
+            Some((per_request, per_million)) => format!(
+                ", {} {cur} per good request, {} {cur} per million good output tokens at {} {cur}/hour",
+                money(per_request),
+                money(per_million),
+                money(price.per_hour),
+                cur = price.currency
+            ),
+            None => String::new(),
+        }
+    };
+    if !slo.is_set() {
+        let Some(price) = price else {
+            return String::new();
+        };
+        let best = levels
+            .iter()
+            .filter_map(|l| Some((l, l.good_cost(price, slo)?.0)))
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .map(|(l, _)| l);
+        return match best {
+            Some(level) => format!(
+                "recommendation: {}: cheapest per successful request{} (no SLO given: set --slo-ttft, --slo-tpot or --slo-e2e to weigh latency)\n",
+                level.load,
+                cost(level)
+            ),
+            None => "recommendation: none: no level served a request\n".into(),
+        };
+    }
+    // Judged on the records against `slo` itself, so the figures agree with the costs.
+    let judged: Vec<(&LevelReport, f64, f64)> = levels
+        .iter()
+        .filter(|l| !l.records.is_empty())
+        .map(|l| {
+            let good = l.records.iter().filter(|r| slo.is_good(r)).count() as f64;
+            let secs = l.wall.as_secs_f64().max(f64::MIN_POSITIVE);
+            (l, good / l.records.len() as f64, good / secs)
+        })
+        .collect();
+    let meeting = judged
+        .iter()
+        .filter(|j| j.1 >= objective)
+        .max_by(|a, b| a.2.total_cmp(&b.2));
+    match meeting {
+        Some(&(level, attainment, goodput)) => format!(
+            "recommendation: {}: the most goodput, {goodput:.2} good req/s, with {:.1} % of requests within the SLO (objective {:.0} %){}\n",
+            level.load,
+            attainment * 100.0,
+            objective * 100.0,
+            cost(level)
+        ),
+        None => {
+            let best = judged.iter().max_by(|a, b| a.1.total_cmp(&b.1));
+            match best {
+                Some(&(level, attainment, _)) => format!(
+                    "recommendation: none: no level meets the SLO for {:.0} % of requests; the best, {}, had {:.1} % within it\n",
+                    objective * 100.0,
+                    level.load,
+                    attainment * 100.0
+                ),
+                None => "recommendation: none: no level sent a request\n".into(),
+            }
+        }
+    }
+}
+
 /// Why a level is the saturation point.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Knee {
@@ -391,12 +502,16 @@ fn money(x: f64) -> String {
 
 /// The per-level tables and the saturation verdict, as printed on stdout.
 pub fn render(levels: &[LevelReport], slo: &Slo) -> String {
-    render_levels(levels, slo, None)
+    render_levels(levels, slo, DEFAULT_OBJECTIVE, None)
 }
 
-/// [`render`], with the cost of each level when a price is given and a closing line naming the
-/// cheapest level.
-pub fn render_levels(levels: &[LevelReport], slo: &Slo, price: Option<&Cost>) -> String {
+/// [`render`], with the cost of each level when a price is given and the [`recommend`]ation.
+pub fn render_levels(
+    levels: &[LevelReport],
+    slo: &Slo,
+    objective: f64,
+    price: Option<&Cost>,
+) -> String {
     let mut out = String::new();
     for level in levels {
         let _ = write!(
@@ -451,13 +566,27 @@ pub fn render_levels(levels: &[LevelReport], slo: &Slo, price: Option<&Cost>) ->
         if let Some(price) = price {
             match level.cost(price) {
                 Some((per_request, per_million)) => {
-                    let _ = writeln!(
+                    let _ = write!(
                         out,
                         "  cost {} {cur} per request, {} {cur} per million output tokens",
                         money(per_request),
                         money(per_million),
                         cur = price.currency
                     );
+                    if slo.is_set() {
+                        match level.good_cost(price, slo) {
+                            Some((per_good, _)) => {
+                                let _ = write!(
+                                    out,
+                                    "; {} {cur} per good request",
+                                    money(per_good),
+                                    cur = price.currency
+                                );
+                            }
+                            None => out.push_str("; no good request"),
+                        }
+                    }
+                    out.push('\n');
                 }
                 None => out.push_str("  cost: nothing was served\n"),
             }
@@ -466,21 +595,7 @@ pub fn render_levels(levels: &[LevelReport], slo: &Slo, price: Option<&Cost>) ->
     }
     out.push_str(&verdict(levels));
     out.push('\n');
-    if let Some(price) = price {
-        let cheapest = levels
-            .iter()
-            .filter_map(|l| l.cost(price).map(|c| (l.load, c.1)))
-            .min_by(|a, b| a.1.total_cmp(&b.1));
-        if let Some((load, per_million)) = cheapest {
-            let _ = writeln!(
-                out,
-                "cost: cheapest at {load}, {} {cur} per million output tokens at {} {cur}/hour",
-                money(per_million),
-                money(price.per_hour),
-                cur = price.currency
-            );
-        }
-    }
+    out.push_str(&recommend(levels, slo, objective, price));
     out
 }
 
@@ -520,14 +635,24 @@ pub fn render_compare(a: &[LevelReport], b: &[LevelReport]) -> String {
 /// Everything `tokenmeter bench` prints at the end: each target's tables, the comparison, and
 /// the cost when priced.
 pub fn render_sweep(sweep: &Sweep, args: &BenchArgs) -> String {
-    let (slo, price) = (args.slo(), args.cost());
+    let (slo, price, objective) = (args.slo(), args.cost(), args.slo_objective);
     let mut out = match &args.compare {
-        None => render_levels(&sweep.levels, &slo, price.as_ref()),
+        None => render_levels(&sweep.levels, &slo, objective, price.as_ref()),
         Some(b) => {
             let mut out = format!("A: {}\n\n", args.url);
-            out.push_str(&render_levels(&sweep.levels, &slo, price.as_ref()));
+            out.push_str(&render_levels(
+                &sweep.levels,
+                &slo,
+                objective,
+                price.as_ref(),
+            ));
             let _ = write!(out, "\nB: {b}\n\n");
-            out.push_str(&render_levels(&sweep.compared, &slo, price.as_ref()));
+            out.push_str(&render_levels(
+                &sweep.compared,
+                &slo,
+                objective,
+                price.as_ref(),
+            ));
             out.push('\n');
             out.push_str(&render_compare(&sweep.levels, &sweep.compared));
             out
