@@ -521,7 +521,7 @@ async fn compare_reports_the_added_prefill_of_b() -> TestResult {
     let sim_a = start(|_| {}).await?;
     let sim_b = start(|c| c.prefill_base = Duration::from_millis(21)).await?;
     let mut a = args(&sim_a, &[1, 4], 20, 4);
-    a.compare = Some(bench::chat_url(&format!("http://{}", sim_b.addr))?);
+    a.compare = Some(bench::server_url(&format!("http://{}", sim_b.addr))?);
     let sweep = bench::run_with(&a, &bench::progress::Silent).await;
     assert_eq!(sweep.compared.len(), 2);
     for (la, lb) in sweep.levels.iter().zip(&sweep.compared) {
@@ -708,4 +708,165 @@ async fn the_recommendation_is_the_most_goodput_within_the_slo() -> TestResult {
         "{strict}"
     );
     Ok(())
+}
+
+/// An https server made for one test: TLS with a self-signed certificate for 127.0.0.1
+/// (generated now), forwarding the decrypted bytes to `upstream`; it keeps the head of the
+/// first request of each connection.
+struct TlsFront {
+    addr: std::net::SocketAddr,
+    ca_pem: std::path::PathBuf,
+    heads: std::sync::Arc<Mutex<Vec<String>>>,
+}
+
+async fn tls_front(
+    upstream: std::net::SocketAddr,
+    name: &str,
+) -> Result<TlsFront, Box<dyn std::error::Error>> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let certified = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()])?;
+    let ca_pem = temp(&format!("{name}-ca.pem"));
+    std::fs::write(&ca_pem, certified.cert.pem())?;
+    #[allow(deprecated)] // ring, as bench itself uses (see src/tools/bench/tls.rs)
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(certified.key_pair.serialize_der().into());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(vec![certified.cert.der().clone()], key)?;
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let heads = std::sync::Arc::new(Mutex::new(Vec::new()));
+    let seen = heads.clone();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (acceptor, seen) = (acceptor.clone(), seen.clone());
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let Ok(mut server) = tokio::net::TcpStream::connect(upstream).await else {
+                    return;
+                };
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match tls.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                if server.write_all(&head).await.is_err() {
+                    return;
+                }
+                if let Ok(mut heads) = seen.lock() {
+                    heads.push(String::from_utf8_lossy(&head).into_owned());
+                }
+                let _ = tokio::io::copy_bidirectional(&mut tls, &mut server).await;
+            });
+        }
+    });
+    Ok(TlsFront {
+        addr,
+        ca_pem,
+        heads,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_completions_unstreamed_with_headers() -> TestResult {
+    let sim = start(|_| {}).await?;
+    let front = tls_front(sim.addr, "https").await?;
+    let mut a = BenchArgs::new(&format!("https://{}", front.addr)).map_err(|e| e.to_string())?;
+    a.concurrency = vec![2];
+    a.requests = 4;
+    a.prompt_tokens = 8;
+    a.max_tokens = MaxTokens::Fixed(5);
+    a.endpoint = Some(bench::Endpoint::Completions);
+    a.no_stream = true;
+    a.ca_cert = Some(front.ca_pem.clone());
+    for h in [
+        "Authorization: Bearer sk-test",
+        "x-tier: gold",
+        "X-Tier: silver",
+    ] {
+        a.headers.push(bench::parse_header(h)?);
+    }
+    let sweep = bench::run_with(&a, &bench::progress::Silent).await;
+    let level = &sweep.levels[0];
+    assert_eq!(level.errors, 0, "{:?}", level.records);
+    for r in &level.records {
+        assert_eq!(r.output_tokens, 5, "the body's usage: {r:?}");
+        // Unstreamed, the first token arrives with the whole body: TTFT is that moment, just
+        // before E2E ends, and there is no pace of tokens to measure.
+        let ttft = r.ttft.ok_or("a TTFT")?;
+        assert!(
+            ttft <= r.e2e && ttft * 10 >= r.e2e * 9,
+            "{ttft:?} of {:?}",
+            r.e2e
+        );
+        assert_eq!((r.tpot, r.itl.len()), (None, 0));
+    }
+    let heads = front.heads.lock().map_err(|_| "poisoned")?.clone();
+    assert!(!heads.is_empty());
+    for head in &heads {
+        let lower = head.to_ascii_lowercase();
+        assert!(
+            head.starts_with("POST /v1/completions HTTP/1.1\r\n"),
+            "{head}"
+        );
+        assert!(
+            lower.contains("\r\nauthorization: bearer sk-test\r\n"),
+            "{head}"
+        );
+        assert!(
+            lower.contains("\r\nx-tier: gold\r\n") && lower.contains("\r\nx-tier: silver\r\n"),
+            "{head}"
+        );
+        assert!(lower.contains("\r\naccept: application/json\r\n"), "{head}");
+    }
+
+    // Without the CA the self-signed certificate is refused, and said so; --insecure takes it.
+    a.ca_cert = None;
+    let refused = bench::run_with(&a, &bench::progress::Silent).await;
+    let causes = report::error_causes(&refused.levels);
+    assert_eq!(causes.len(), 1, "{causes:?}");
+    assert_eq!(causes[0].0, "connect failed", "{causes:?}");
+    assert!(causes[0].2.contains("UnknownIssuer"), "{causes:?}");
+    a.insecure = true;
+    let accepted = bench::run_with(&a, &bench::progress::Silent).await;
+    assert_eq!(
+        accepted.levels[0].errors, 0,
+        "{:?}",
+        accepted.levels[0].records
+    );
+    let _ = std::fs::remove_file(&front.ca_pem);
+    Ok(())
+}
+
+#[test]
+fn bad_headers_urls_and_ca_files_are_one_line_errors() {
+    for (args, says) in [
+        (
+            vec!["-H", "no colon"],
+            "is not a header: write 'Name: value'",
+        ),
+        (vec!["-H", "bad name: x"], "`bad name` is not a header name"),
+        (
+            vec!["--compare", "ftp://host"],
+            "must be an http:// or https:// URL",
+        ),
+        (
+            vec!["--ca-cert", "/nonexistent.pem"],
+            "--ca-cert /nonexistent.pem:",
+        ),
+    ] {
+        let mut all = vec!["--url", "https://127.0.0.1:9", "--requests", "1"];
+        all.extend(args);
+        let out = bench_cli(&all);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{all:?}: {stderr}");
+        assert!(stderr.contains(says), "{all:?}: {stderr}");
+    }
 }

@@ -455,7 +455,7 @@ pub fn error_causes<'a>(
             None => causes.push((cause, 1, record.error.clone().unwrap_or_default())),
         }
     }
-    causes.sort_by(|a, b| b.1.cmp(&a.1));
+    causes.sort_by_key(|c| std::cmp::Reverse(c.1));
     causes
 }
 
