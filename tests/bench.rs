@@ -410,6 +410,58 @@ async fn plot_draws_the_curves_into_an_svg() -> TestResult {
     Ok(())
 }
 
+// Issue 38: on a linear axis levels 1, 2, 4 and 8 of a sweep to 64 were crushed together; on a
+// log-2 axis each doubling is the same width. The SLO is drawn, and the colours are
+// Okabe-Ito's (no red against green).
+#[tokio::test(start_paused = true)]
+async fn plot_has_a_log2_axis_the_slo_line_and_colour_blind_safe_colours() -> TestResult {
+    let sim = start(|_| {}).await?;
+    let mut a = args(&sim, &[1, 2, 4, 8, 64], 2, 2);
+    a.slo_ttft = Some(Duration::from_millis(40));
+    let sweep = bench::run_with(&a, &bench::progress::Silent).await;
+    let path = temp("log2.svg");
+    bench::plot::write_svg_with(&path, &sweep, &a.slo())?;
+    let svg = std::fs::read_to_string(&path)?;
+    std::fs::remove_file(&path)?;
+    assert!(svg.contains("SLO: TTFT 40 ms"), "{svg}");
+    // Ticks at the doublings, labelled as the loads themselves.
+    let labels: Vec<&str> = svg
+        .split("</text>")
+        .filter_map(|t| Some(t.rsplit_once('>')?.1.trim()))
+        .collect();
+    for tick in ["1", "2", "4", "8", "16", "32", "64"] {
+        assert!(labels.contains(&tick), "no tick {tick}: {labels:?}");
+    }
+    let upper = svg.to_ascii_uppercase();
+    for okabe_ito in ["#0072B2", "#D55E00", "#009E73"] {
+        assert!(upper.contains(okabe_ito), "no {okabe_ito}");
+    }
+    for pure in ["#FF0000", "#00FF00"] {
+        assert!(!upper.contains(pure), "{pure} is not colour-blind safe");
+    }
+    // TTFT p50's points: x of 1, 2, 4 and 8 equally spaced, 64 three gaps further on.
+    let xs: Vec<f64> = svg
+        .split("<polyline")
+        .filter(|l| l.contains("stroke=\"#0072B2\""))
+        .filter_map(|l| l.split("points=\"").nth(1)?.split('"').next())
+        .map(|points| {
+            points
+                .split_whitespace()
+                .filter_map(|p| p.split(',').next()?.parse().ok())
+                .collect::<Vec<f64>>()
+        })
+        .max_by_key(Vec::len)
+        .ok_or("a TTFT p50 curve")?;
+    assert_eq!(xs.len(), 5, "{xs:?}");
+    let gap = xs[1] - xs[0];
+    assert!(gap > 50.0, "{xs:?}");
+    for w in xs.windows(2).take(3) {
+        assert!((w[1] - w[0] - gap).abs() <= 1.0, "{xs:?}");
+    }
+    assert!((xs[4] - xs[3] - 3.0 * gap).abs() <= 2.0, "{xs:?}");
+    Ok(())
+}
+
 /// Notes every call, in order.
 #[derive(Default)]
 struct Recording {

@@ -613,7 +613,7 @@ fn finish(args: &BenchArgs, sweep: &Sweep) -> ExitCode {
         }
     }
     if let Some(path) = &args.plot {
-        if let Err(e) = plot::write_svg(path, sweep) {
+        if let Err(e) = plot::write_svg_with(path, sweep, &args.slo()) {
             return crate::tools::cli::fail(&format!("cannot write {}: {e}", path.display()));
         }
     }
