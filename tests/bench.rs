@@ -3,7 +3,10 @@
 //! saturation point, and failed requests are counted rather than ending the run. The open loop
 //! sends on its seeded Poisson schedule and finds the rate the sim cannot serve; prompts files,
 //! drawn max_tokens, cost, the plot, progress, --level-duration and --compare each do what their
-//! flag says. Where timing matters, time is paused: the clock moves only to the sim's and
+//! flag says. Failures are summed up by cause and fail the run past --max-error-share; the
+//! recommendation weighs goodput within the SLO; https, --header, the completions endpoint and
+//! --no-stream reach a local TLS server; the plot's x axis is log-2. (The knee on sim sweeps
+//! whose answer is known is tests/knee.rs.) Where timing matters, time is paused: the clock moves only to the sim's and
 //! bench's own timers, so the figures are exact rather than noisy.
 
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -1,6 +1,7 @@
 //! What a sweep means: per-level statistics (percentiles by linear interpolation, as numpy's
-//! default), goodput against the SLO flags, cost, the saturation point (closed and open loop),
-//! the tables, the A/B comparison and the CSV.
+//! default), goodput against the SLO flags, cost, the saturation point (closed and open loop;
+//! `report`'s bend uses the same [`knee`]), the recommendation, the errors by cause, the tables,
+//! the A/B comparison and the CSV.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -721,6 +722,90 @@ fn write_rows<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A level as `report` builds it: figures only, no records.
+    fn level(c: u32, tokens_per_s: f64, ttft_p99: f64) -> LevelReport {
+        let mut l = LevelReport::new(c, Vec::new(), Duration::from_secs(1), &Slo::default());
+        l.output_tokens_per_s = tokens_per_s;
+        l.ttft.p99 = Some(ttft_p99);
+        l
+    }
+
+    /// A server of 8 slots whose step slows by a fifth of its base per running request (the
+    /// sim's default contention): tokens/s = b / (1 + b / 5) for b = min(users, 8).
+    fn contended(users: u32) -> f64 {
+        let b = f64::from(users.min(8));
+        100.0 * b / (1.0 + b / 5.0)
+    }
+
+    // Issue 38: per step of one user, growth fell under 10 % at 4 on this curve, long before
+    // the batch filled at 8.
+    #[test]
+    fn the_knee_is_where_the_batch_fills_however_finely_the_sweep_is_cut() {
+        for users in [
+            vec![1, 2, 4, 6, 8, 10, 12, 16],
+            (1..=12).collect::<Vec<u32>>(),
+        ] {
+            let levels: Vec<LevelReport> = users
+                .iter()
+                .map(|&u| {
+                    level(
+                        u,
+                        contended(u),
+                        50.0 + 100.0 * f64::from(u.saturating_sub(8)),
+                    )
+                })
+                .collect();
+            let k = knee(&levels).expect("a knee");
+            assert_eq!(k.load, Load::Concurrency(8), "{users:?}");
+            assert!(k.share < KNEE_SHARE && k.share.abs() < 1e-9);
+        }
+        let under: Vec<LevelReport> = (1..=8).map(|u| level(u, contended(u), 50.0)).collect();
+        assert_eq!(knee(&under), None);
+    }
+
+    #[test]
+    fn a_level_with_too_few_requests_is_skipped_not_judged() {
+        let record = |ttft_ms: u64| Record {
+            request_id: 0,
+            concurrency: 8,
+            rate: None,
+            target: Target::A,
+            max_tokens: 1,
+            start: Duration::ZERO,
+            prompt_tokens: None,
+            output_tokens: 1,
+            token_source: super::super::request::TokenSource::Usage,
+            ttft: Some(Duration::from_millis(ttft_ms)),
+            tpot: None,
+            e2e: Duration::from_millis(ttft_ms),
+            itl: Vec::new(),
+            max_itl: None,
+            status: 200,
+            error: None,
+        };
+        let measured = |c: u32, n: usize, ttft_ms: u64| {
+            LevelReport::new(
+                c,
+                vec![record(ttft_ms); n],
+                Duration::from_secs(1),
+                &Slo::default(),
+            )
+        };
+        // 16 users with as many tokens/s as 8 and a slower p99: a knee at 8, unless 16 is too
+        // few requests to say so.
+        assert_eq!(
+            knee(&[measured(8, 40, 10), measured(16, 40, 90)]).map(|k| k.load),
+            Some(Load::Concurrency(8)),
+        );
+        let few = [measured(8, 40, 10), measured(16, MIN_LEVEL_SAMPLE - 1, 90)];
+        assert_eq!(knee(&few), None);
+        assert!(
+            verdict(&few).contains("too few levels"),
+            "{}",
+            verdict(&few)
+        );
+    }
 
     #[test]
     fn percentiles_interpolate_like_numpy() {
