@@ -278,7 +278,7 @@ fn bend(requests: &[&Request], by: By) -> Bend {
     let knee = find_knee(&judged);
     let verdict = match &knee {
         Some(k) => format!(
-            "past {} {}, output tokens/s grows by {:+.0} % (less than 10 %) while p99 TTFT rises from {} to {}",
+            "past {} {}, output tokens/s grows by {:+.0} % (the added load brings under a third of its share) while p99 TTFT rises from {} to {}",
             k.concurrency,
             by.words(),
             k.throughput_growth * 100.0,
