@@ -3,7 +3,10 @@
 //! saturation point, and failed requests are counted rather than ending the run. The open loop
 //! sends on its seeded Poisson schedule and finds the rate the sim cannot serve; prompts files,
 //! drawn max_tokens, cost, the plot, progress, --level-duration and --compare each do what their
-//! flag says. Where timing matters, time is paused: the clock moves only to the sim's and
+//! flag says. Failures are summed up by cause and fail the run past --max-error-share; the
+//! recommendation weighs goodput within the SLO; https, --header, the completions endpoint and
+//! --no-stream reach a local TLS server; the plot's x axis is log-2. (The knee on sim sweeps
+//! whose answer is known is tests/knee.rs.) Where timing matters, time is paused: the clock moves only to the sim's and
 //! bench's own timers, so the figures are exact rather than noisy.
 
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -119,7 +122,8 @@ async fn sweep_names_the_batch_limit_as_saturation() -> TestResult {
     .await?;
     // Long enough answers that the moment between two requests of one worker (its round trip
     // and prefill) is a small part of a level, or level 4 outgrows level 2 by that idle time.
-    let mut a = args(&sim, &[1, 2, 4, 8], 8, 32);
+    // 20 requests a level: the knee rule's minimum sample.
+    let mut a = args(&sim, &[1, 2, 4, 8], report::MIN_LEVEL_SAMPLE as u32, 32);
     a.prompt_tokens = 4;
     let sweep = bench::run(&a).await;
     let tps: Vec<f64> = sweep.levels.iter().map(|l| l.output_tokens_per_s).collect();
@@ -161,7 +165,7 @@ async fn failures_are_counted_not_fatal() -> TestResult {
     let text = report::render(&sweep.levels, &a.slo());
     assert!(text.contains("4 errors"), "{text}");
     assert!(
-        text.contains("no saturation within the levels tried"),
+        text.contains("too few levels with 20 or more successful requests to tell"),
         "{text}"
     );
     Ok(())
@@ -374,7 +378,11 @@ async fn cost_is_the_hourly_price_over_what_the_hour_serves() -> TestResult {
     }
     let text = report::render_sweep(&sweep, &a);
     assert!(text.contains("EUR per million output tokens"), "{text}");
-    assert!(text.contains("cost: cheapest at concurrency"), "{text}");
+    assert!(
+        text.contains("recommendation: concurrency 2: cheapest per successful request")
+            && text.contains("(no SLO given"),
+        "{text}"
+    );
     Ok(())
 }
 
@@ -402,6 +410,58 @@ async fn plot_draws_the_curves_into_an_svg() -> TestResult {
     }
     // Three curves of three points each.
     assert!(svg.matches("<polyline").count() >= 3, "{svg}");
+    Ok(())
+}
+
+// Issue 38: on a linear axis levels 1, 2, 4 and 8 of a sweep to 64 were crushed together; on a
+// log-2 axis each doubling is the same width. The SLO is drawn, and the colours are
+// Okabe-Ito's (no red against green).
+#[tokio::test(start_paused = true)]
+async fn plot_has_a_log2_axis_the_slo_line_and_colour_blind_safe_colours() -> TestResult {
+    let sim = start(|_| {}).await?;
+    let mut a = args(&sim, &[1, 2, 4, 8, 64], 2, 2);
+    a.slo_ttft = Some(Duration::from_millis(40));
+    let sweep = bench::run_with(&a, &bench::progress::Silent).await;
+    let path = temp("log2.svg");
+    bench::plot::write_svg_with(&path, &sweep, &a.slo())?;
+    let svg = std::fs::read_to_string(&path)?;
+    std::fs::remove_file(&path)?;
+    assert!(svg.contains("SLO: TTFT 40 ms"), "{svg}");
+    // Ticks at the doublings, labelled as the loads themselves.
+    let labels: Vec<&str> = svg
+        .split("</text>")
+        .filter_map(|t| Some(t.rsplit_once('>')?.1.trim()))
+        .collect();
+    for tick in ["1", "2", "4", "8", "16", "32", "64"] {
+        assert!(labels.contains(&tick), "no tick {tick}: {labels:?}");
+    }
+    let upper = svg.to_ascii_uppercase();
+    for okabe_ito in ["#0072B2", "#D55E00", "#009E73"] {
+        assert!(upper.contains(okabe_ito), "no {okabe_ito}");
+    }
+    for pure in ["#FF0000", "#00FF00"] {
+        assert!(!upper.contains(pure), "{pure} is not colour-blind safe");
+    }
+    // TTFT p50's points: x of 1, 2, 4 and 8 equally spaced, 64 three gaps further on.
+    let xs: Vec<f64> = svg
+        .split("<polyline")
+        .filter(|l| l.contains("stroke=\"#0072B2\""))
+        .filter_map(|l| l.split("points=\"").nth(1)?.split('"').next())
+        .map(|points| {
+            points
+                .split_whitespace()
+                .filter_map(|p| p.split(',').next()?.parse().ok())
+                .collect::<Vec<f64>>()
+        })
+        .max_by_key(Vec::len)
+        .ok_or("a TTFT p50 curve")?;
+    assert_eq!(xs.len(), 5, "{xs:?}");
+    let gap = xs[1] - xs[0];
+    assert!(gap > 50.0, "{xs:?}");
+    for w in xs.windows(2).take(3) {
+        assert!((w[1] - w[0] - gap).abs() <= 1.0, "{xs:?}");
+    }
+    assert!((xs[4] - xs[3] - 3.0 * gap).abs() <= 2.0, "{xs:?}");
     Ok(())
 }
 
@@ -516,7 +576,7 @@ async fn compare_reports_the_added_prefill_of_b() -> TestResult {
     let sim_a = start(|_| {}).await?;
     let sim_b = start(|c| c.prefill_base = Duration::from_millis(21)).await?;
     let mut a = args(&sim_a, &[1, 4], 20, 4);
-    a.compare = Some(bench::chat_url(&format!("http://{}", sim_b.addr))?);
+    a.compare = Some(bench::server_url(&format!("http://{}", sim_b.addr))?);
     let sweep = bench::run_with(&a, &bench::progress::Silent).await;
     assert_eq!(sweep.compared.len(), 2);
     for (la, lb) in sweep.levels.iter().zip(&sweep.compared) {
@@ -563,4 +623,305 @@ async fn compare_reports_the_added_prefill_of_b() -> TestResult {
     assert!(text.contains("added (B - A)"), "{text}");
     assert!(text.contains("B: http://"), "{text}");
     Ok(())
+}
+
+/// A port on this machine with nothing listening: bound, then released.
+fn closed_port() -> std::io::Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}
+
+fn bench_cli(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
+        .arg("bench")
+        .args(args)
+        .output()
+        .expect("tokenmeter runs")
+}
+
+// Issue 38: with nothing listening, bench printed "3 errors" and exited 0; a CI job could not
+// tell a dead server from a fast one, and the reason was only in the CSV.
+#[test]
+fn nothing_listening_prints_the_causes_and_exits_1() -> TestResult {
+    let url = format!("http://127.0.0.1:{}", closed_port()?);
+    let out = bench_cli(&["--url", &url, "--concurrency", "1,2", "--requests", "3"]);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("errors: 6 of 6 requests failed"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("     6  connection refused (first: connection refused: "),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains(
+            "failed requests above --max-error-share 5 % at concurrency 1 (100 % failed), concurrency 2 (100 % failed)"
+        ),
+        "{stderr}"
+    );
+    // The gate is the flag's: allowing every request to fail, the same run exits 0.
+    let out = bench_cli(&[
+        "--url",
+        &url,
+        "--concurrency",
+        "1",
+        "--requests",
+        "2",
+        "--max-error-share",
+        "1",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bad = bench_cli(&["--url", &url, "--max-error-share", "5"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("`5` is not a share"));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn error_summary_groups_by_cause_and_the_gate_counts_each_level() -> TestResult {
+    let sim = start(|c| c.fail_rate = 0.5).await?;
+    let a = args(&sim, &[1, 2], 20, 2);
+    let sweep = bench::run_with(&a, &bench::progress::Silent).await;
+    let failed: usize = sweep.levels.iter().map(|l| l.errors).sum();
+    assert!(failed > 0 && failed < 40, "about half fail: {failed}");
+    let text = report::render_sweep(&sweep, &a);
+    assert!(
+        text.contains(&format!("errors: {failed} of 40 requests failed")),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("{failed:>6}  HTTP status 500 (first: status 500)")),
+        "{text}"
+    );
+    // Each level is judged on its own share against the threshold.
+    let share = |l: &report::LevelReport| l.errors as f64 / 20.0;
+    let failing = report::failing_levels(&sweep.levels, 0.05);
+    assert_eq!(
+        failing.len(),
+        sweep.levels.iter().filter(|l| share(l) > 0.05).count()
+    );
+    assert!(report::failing_levels(&sweep.levels, 1.0).is_empty());
+    Ok(())
+}
+
+// Issue 38: bench recommended "cheapest at concurrency 16" for a level where 25 % of requests
+// met the SLO. Cheap requests that miss the SLO are not what is bought: the recommendation
+// weighs goodput, among levels that meet the SLO, and says so when none does.
+#[tokio::test(start_paused = true)]
+async fn the_recommendation_is_the_most_goodput_within_the_slo() -> TestResult {
+    let sim = start(|c| {
+        c.max_batch = 2;
+        c.decode_step = Duration::from_millis(10);
+        c.decode_step_per_request = Duration::from_millis(2);
+    })
+    .await?;
+    let mut a = args(&sim, &[1, 2, 8], 20, 8);
+    a.prompt_tokens = 4;
+    a.cost_per_hour = Some(3.6);
+    // Two run at once; at 8 users six queue for whole answers (8 tokens of 14 ms steps), so
+    // most of level 8 waits far past 60 ms for its first token while 1 and 2 never wait.
+    a.slo_ttft = Some(Duration::from_millis(60));
+    let sweep = bench::run_with(&a, &bench::progress::Silent).await;
+    let attainment: Vec<f64> = sweep.levels.iter().map(|l| l.attainment).collect();
+    assert!(
+        attainment[1] >= 0.9 && attainment[2] < 0.5,
+        "{attainment:?}"
+    );
+    let price = a.cost().ok_or("priced")?;
+    let raw = |i: usize| sweep.levels[i].cost(&price).map_or(f64::MAX, |c| c.0);
+    assert!(
+        raw(2) <= raw(1) * 1.05,
+        "per request served, 8 users cost no more than 2"
+    );
+    let text = report::render_sweep(&sweep, &a);
+    assert!(
+        text.contains("recommendation: concurrency 2: the most goodput")
+            && text.contains("within the SLO (objective 90 %)")
+            && text.contains("USD per good request"),
+        "{text}"
+    );
+    // A good request at level 8 costs what a served one does over its attainment.
+    let (good, _) = sweep.levels[2]
+        .good_cost(&price, &a.slo())
+        .ok_or("level 8 had good requests")?;
+    assert!((good * attainment[2] / raw(2) - 1.0).abs() < 1e-9);
+
+    a.slo_ttft = Some(Duration::from_millis(5));
+    let strict = report::render_sweep(&sweep, &a);
+    assert!(
+        strict.contains("recommendation: none: no level meets the SLO for 90 % of requests"),
+        "{strict}"
+    );
+    Ok(())
+}
+
+/// An https server made for one test: TLS with a self-signed certificate for 127.0.0.1
+/// (generated now), forwarding the decrypted bytes to `upstream`; it keeps the head of the
+/// first request of each connection.
+struct TlsFront {
+    addr: std::net::SocketAddr,
+    ca_pem: std::path::PathBuf,
+    heads: std::sync::Arc<Mutex<Vec<String>>>,
+}
+
+async fn tls_front(
+    upstream: std::net::SocketAddr,
+    name: &str,
+) -> Result<TlsFront, Box<dyn std::error::Error>> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let certified = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()])?;
+    let ca_pem = temp(&format!("{name}-ca.pem"));
+    std::fs::write(&ca_pem, certified.cert.pem())?;
+    #[allow(deprecated)] // ring, as bench itself uses (see src/tools/bench/tls.rs)
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(certified.key_pair.serialize_der().into());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(vec![certified.cert.der().clone()], key)?;
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let heads = std::sync::Arc::new(Mutex::new(Vec::new()));
+    let seen = heads.clone();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (acceptor, seen) = (acceptor.clone(), seen.clone());
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let Ok(mut server) = tokio::net::TcpStream::connect(upstream).await else {
+                    return;
+                };
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match tls.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                if server.write_all(&head).await.is_err() {
+                    return;
+                }
+                if let Ok(mut heads) = seen.lock() {
+                    heads.push(String::from_utf8_lossy(&head).into_owned());
+                }
+                let _ = tokio::io::copy_bidirectional(&mut tls, &mut server).await;
+            });
+        }
+    });
+    Ok(TlsFront {
+        addr,
+        ca_pem,
+        heads,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_completions_unstreamed_with_headers() -> TestResult {
+    let sim = start(|_| {}).await?;
+    let front = tls_front(sim.addr, "https").await?;
+    let mut a = BenchArgs::new(&format!("https://{}", front.addr)).map_err(|e| e.to_string())?;
+    a.concurrency = vec![2];
+    a.requests = 4;
+    a.prompt_tokens = 8;
+    a.max_tokens = MaxTokens::Fixed(5);
+    a.endpoint = Some(bench::Endpoint::Completions);
+    a.no_stream = true;
+    a.ca_cert = Some(front.ca_pem.clone());
+    for h in [
+        "Authorization: Bearer sk-test",
+        "x-tier: gold",
+        "X-Tier: silver",
+    ] {
+        a.headers.push(bench::parse_header(h)?);
+    }
+    let sweep = bench::run_with(&a, &bench::progress::Silent).await;
+    let level = &sweep.levels[0];
+    assert_eq!(level.errors, 0, "{:?}", level.records);
+    for r in &level.records {
+        assert_eq!(r.output_tokens, 5, "the body's usage: {r:?}");
+        // Unstreamed, the first token arrives with the whole body: TTFT is that moment, just
+        // before E2E ends, and there is no pace of tokens to measure.
+        let ttft = r.ttft.ok_or("a TTFT")?;
+        assert!(
+            ttft <= r.e2e && ttft * 10 >= r.e2e * 9,
+            "{ttft:?} of {:?}",
+            r.e2e
+        );
+        assert_eq!((r.tpot, r.itl.len()), (None, 0));
+    }
+    let heads = front.heads.lock().map_err(|_| "poisoned")?.clone();
+    assert!(!heads.is_empty());
+    for head in &heads {
+        let lower = head.to_ascii_lowercase();
+        assert!(
+            head.starts_with("POST /v1/completions HTTP/1.1\r\n"),
+            "{head}"
+        );
+        assert!(
+            lower.contains("\r\nauthorization: bearer sk-test\r\n"),
+            "{head}"
+        );
+        assert!(
+            lower.contains("\r\nx-tier: gold\r\n") && lower.contains("\r\nx-tier: silver\r\n"),
+            "{head}"
+        );
+        assert!(lower.contains("\r\naccept: application/json\r\n"), "{head}");
+    }
+
+    // Without the CA the self-signed certificate is refused, and said so; --insecure takes it.
+    a.ca_cert = None;
+    let refused = bench::run_with(&a, &bench::progress::Silent).await;
+    let causes = report::error_causes(&refused.levels);
+    assert_eq!(causes.len(), 1, "{causes:?}");
+    assert_eq!(causes[0].0, "connect failed", "{causes:?}");
+    assert!(causes[0].2.contains("UnknownIssuer"), "{causes:?}");
+    a.insecure = true;
+    let accepted = bench::run_with(&a, &bench::progress::Silent).await;
+    assert_eq!(
+        accepted.levels[0].errors, 0,
+        "{:?}",
+        accepted.levels[0].records
+    );
+    let _ = std::fs::remove_file(&front.ca_pem);
+    Ok(())
+}
+
+#[test]
+fn bad_headers_urls_and_ca_files_are_one_line_errors() {
+    for (args, says) in [
+        (
+            vec!["-H", "no colon"],
+            "is not a header: write 'Name: value'",
+        ),
+        (vec!["-H", "bad name: x"], "`bad name` is not a header name"),
+        (
+            vec!["--compare", "ftp://host"],
+            "must be an http:// or https:// URL",
+        ),
+        (
+            vec!["--ca-cert", "/nonexistent.pem"],
+            "--ca-cert /nonexistent.pem:",
+        ),
+    ] {
+        let mut all = vec!["--url", "https://127.0.0.1:9", "--requests", "1"];
+        all.extend(args);
+        let out = bench_cli(&all);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{all:?}: {stderr}");
+        assert!(stderr.contains(says), "{all:?}: {stderr}");
+    }
 }

@@ -1,5 +1,6 @@
 //! `tokenmeter bench`: a load generator that sweeps concurrency levels (closed loop) or offered
-//! rates (open loop, Poisson arrivals) against an OpenAI-compatible chat endpoint, optionally
+//! rates (open loop, Poisson arrivals) against an OpenAI-compatible chat or completions
+//! endpoint, over http or https, streamed or not, optionally
 //! interleaving the same load to a second endpoint (`--compare`), and reports TTFT, TPOT, ITL,
 //! E2E, throughput, goodput, cost and the saturation point.
 //!
@@ -13,6 +14,7 @@ pub mod plot;
 pub mod progress;
 pub mod report;
 pub mod request;
+pub mod tls;
 pub mod workload;
 
 use std::path::PathBuf;
@@ -30,20 +32,43 @@ use tokio::time::Instant;
 
 use crate::parse_duration;
 pub use report::{Cost, LevelReport, Load, Slo};
-pub use request::{Record, Target};
+pub use request::{Api, Endpoint, Record, Target};
 pub use workload::{MaxTokens, Workload};
 
 /// The load generator's flags.
 #[derive(Args, Clone, Debug)]
 pub struct BenchArgs {
-    /// The server: `http://host:port` (the chat path is added) or a full chat completions URL.
-    #[arg(long, value_name = "URL", value_parser = chat_url)]
+    /// The server: `http(s)://host:port` (the endpoint's path is added) or a full URL such as
+    /// `https://host/v1/chat/completions` or `http://host:8000/v1/completions`.
+    #[arg(long, value_name = "URL", value_parser = server_url)]
     pub url: http::Uri,
     /// A second server that gets the same requests, interleaved slot by slot with --url (A, B,
     /// B, A, ..); the level's concurrency or rate is shared by the two. The report adds what B
     /// costs over A in TTFT and ITL at p50 and p99 (the proxy's overhead benchmark).
-    #[arg(long, value_name = "URL_B", value_parser = chat_url)]
+    #[arg(long, value_name = "URL_B", value_parser = server_url)]
     pub compare: Option<http::Uri>,
+    /// The API: chat completions (`messages`) or legacy completions (`prompt`). Without it, a
+    /// URL whose path ends in `/completions` but not `/chat/completions` is completions, any
+    /// other chat.
+    #[arg(long, value_enum, value_name = "API")]
+    pub endpoint: Option<Endpoint>,
+    /// Ask for one JSON body instead of a stream. TTFT is then the time until the whole body
+    /// has arrived (its first token cannot be seen sooner), E2E the same plus closing; TPOT
+    /// and ITL are not measured.
+    #[arg(long)]
+    pub no_stream: bool,
+    /// A header sent with every request, `-H 'Name: value'`; repeat it for more (an API key,
+    /// `-H 'Authorization: Bearer sk-..'`, or a routing header such as `-H 'x-tier: gold'`).
+    #[arg(short = 'H', long = "header", value_name = "NAME: VALUE", value_parser = parse_header)]
+    pub headers: Vec<Header>,
+    /// https: also trust the CA certificates in this PEM file (a private CA, a self-signed
+    /// server); Mozilla's public roots stay trusted.
+    #[arg(long, value_name = "FILE.pem")]
+    pub ca_cert: Option<PathBuf>,
+    /// https: accept any server certificate without checking it. For a test server only:
+    /// anyone on the path can then read and change the traffic.
+    #[arg(long)]
+    pub insecure: bool,
     /// Closed loop: concurrency levels to sweep, in order.
     #[arg(long, value_name = "N,N,..", value_delimiter = ',', default_value = "1,5,10,20",
           value_parser = clap::value_parser!(u32).range(1..=1024))]
@@ -100,12 +125,21 @@ pub struct BenchArgs {
     /// SLO on end-to-end latency, for goodput.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub slo_e2e: Option<Duration>,
+    /// The share of a level's requests that must meet the SLO for the level to count as
+    /// meeting it, for the recommendation.
+    #[arg(long, value_name = "SHARE", default_value = "0.9", value_parser = parse_share)]
+    pub slo_objective: f64,
     /// The price of an hour of the server, for the cost per request and per million tokens.
     #[arg(long, value_name = "PRICE", value_parser = parse_price)]
     pub cost_per_hour: Option<f64>,
     /// The currency of --cost-per-hour.
     #[arg(long, value_name = "CODE", default_value = "USD")]
     pub currency: String,
+    /// Exit with status 1 when any level's share of failed requests is above this (0 to 1),
+    /// after printing everything: a CI job gates on it. Above it a level's percentiles, taken
+    /// over the requests that succeeded, no longer describe what its users got.
+    #[arg(long, value_name = "SHARE", default_value = "0.05", value_parser = parse_share)]
+    pub max_error_share: f64,
     /// A request still unfinished after this long is abandoned and counted as an error.
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
     pub timeout: Duration,
@@ -153,6 +187,55 @@ impl BenchArgs {
         }
     }
 
+    /// The API the requests speak: `--endpoint`, else what `--url`'s path names.
+    pub fn api(&self) -> Api {
+        Api {
+            endpoint: self
+                .endpoint
+                .unwrap_or_else(|| Endpoint::of_path(self.url.path())),
+            stream: !self.no_stream,
+        }
+    }
+
+    /// Where requests to `server` (`--url` or `--compare`) go: a bare address gets the
+    /// endpoint's path.
+    pub fn request_uri(&self, server: &http::Uri) -> http::Uri {
+        if server.path() != "/" {
+            return server.clone();
+        }
+        let mut parts = server.clone().into_parts();
+        parts.path_and_query = Some(http::uri::PathAndQuery::from_static(
+            self.api().endpoint.path(),
+        ));
+        http::Uri::from_parts(parts).unwrap_or_else(|_| server.clone())
+    }
+
+    /// The `--header`s, as a header map.
+    pub fn header_map(&self) -> http::HeaderMap {
+        let mut map = http::HeaderMap::new();
+        for Header(name, value) in &self.headers {
+            map.append(name, value.clone());
+        }
+        map
+    }
+
+    /// The client: http and https (rustls, Mozilla's roots plus `--ca-cert`, or no check at
+    /// all with `--insecure`). Fails, in one line, on a CA file that cannot be read.
+    pub fn client(&self) -> Result<request::HttpClient, String> {
+        let tls = tls::client_config(self.ca_cert.as_deref(), self.insecure)?;
+        let mut http = HttpConnector::new();
+        // Each token is a small write; Nagle would hold back the client's request and skew
+        // TTFT.
+        http.set_nodelay(true);
+        http.enforce_http(false);
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        Ok(Client::builder(TokioExecutor::new()).build(connector))
+    }
+
     /// What the run sends: the prompts file read and checked (`FILE:LINE: problem`), or the
     /// synthetic prompt.
     pub fn workload(&self) -> Result<Workload, String> {
@@ -162,34 +245,45 @@ impl BenchArgs {
                 self.prompt_tokens,
             ))],
         };
-        Ok(Workload::new(
+        Ok(Workload::for_api(
             &self.model,
             prompts,
             self.max_tokens,
             self.seed,
+            self.api(),
         ))
     }
 }
 
-/// A chat completions URL from `http://host:port` (the OpenAI chat path is added) or a full URL.
-pub fn chat_url(text: &str) -> Result<http::Uri, String> {
+/// A server URL, `http://` or `https://` with a host; a bare address keeps the path `/`,
+/// which [`BenchArgs::request_uri`] fills in with the endpoint's.
+pub fn server_url(text: &str) -> Result<http::Uri, String> {
     let uri: http::Uri = text
         .trim()
         .parse()
         .map_err(|e| format!("`{text}` is not a URL ({e})"))?;
-    if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+    if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.authority().is_none() {
         return Err(format!(
-            "`{text}` must be an http:// URL with a host (https is not supported)"
+            "`{text}` must be an http:// or https:// URL with a host"
         ));
     }
-    // A bare server address means the OpenAI chat path, as every client library assumes.
-    if uri.path() == "/" || uri.path().is_empty() {
-        let authority = uri.authority().map(|a| a.as_str()).unwrap_or_default();
-        return format!("http://{authority}/v1/chat/completions")
-            .parse()
-            .map_err(|e| format!("`{text}` is not a URL ({e})"));
-    }
     Ok(uri)
+}
+
+/// One `--header`: its name and value, checked when parsed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Header(pub http::HeaderName, pub http::HeaderValue);
+
+/// `Name: value`, as `-H` takes it.
+pub fn parse_header(text: &str) -> Result<Header, String> {
+    let (name, value) = text
+        .split_once(':')
+        .ok_or_else(|| format!("`{text}` is not a header: write 'Name: value'"))?;
+    let name = http::HeaderName::from_bytes(name.trim().as_bytes())
+        .map_err(|_| format!("`{}` is not a header name", name.trim()))?;
+    let value = http::HeaderValue::from_str(value.trim())
+        .map_err(|_| format!("the value of `{name}` has a character a header cannot carry"))?;
+    Ok(Header(name, value))
 }
 
 fn parse_rate(text: &str) -> Result<f64, String> {
@@ -197,6 +291,15 @@ fn parse_rate(text: &str) -> Result<f64, String> {
         Ok(r) if r.is_finite() && r > 0.0 && r <= 1_000_000.0 => Ok(r),
         _ => Err(format!(
             "`{text}` is not a rate: write requests per second, above 0"
+        )),
+    }
+}
+
+fn parse_share(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(s) if (0.0..=1.0).contains(&s) => Ok(s),
+        _ => Err(format!(
+            "`{text}` is not a share: write a number from 0 to 1 (0.05 is 5 %)"
         )),
     }
 }
@@ -252,8 +355,8 @@ pub async fn run(args: &BenchArgs) -> Sweep {
 /// Runs the sweep, telling `progress` as it goes. A prompts file that cannot be read ends the
 /// sweep before it starts, with no levels (check [`BenchArgs::workload`] first to report why).
 pub async fn run_with(args: &BenchArgs, progress: &dyn Progress) -> Sweep {
-    match args.workload() {
-        Ok(workload) => sweep(args, Arc::new(workload), progress).await,
+    match args.workload().and_then(|w| Ok((w, args.client()?))) {
+        Ok((workload, client)) => sweep(args, Arc::new(workload), client, progress).await,
         Err(e) => {
             tracing::error!(error = %e, "bench cannot start");
             Sweep::default()
@@ -261,15 +364,18 @@ pub async fn run_with(args: &BenchArgs, progress: &dyn Progress) -> Sweep {
     }
 }
 
-async fn sweep(args: &BenchArgs, workload: Arc<Workload>, progress: &dyn Progress) -> Sweep {
-    let mut connector = HttpConnector::new();
-    // Each token is a small write; Nagle would hold back the client's request and skew TTFT.
-    connector.set_nodelay(true);
-    let client: request::HttpClient = Client::builder(TokioExecutor::new()).build(connector);
+async fn sweep(
+    args: &BenchArgs,
+    workload: Arc<Workload>,
+    client: request::HttpClient,
+    progress: &dyn Progress,
+) -> Sweep {
     let driver = Driver {
         args,
         client,
         workload,
+        headers: args.header_map(),
+        api: args.api(),
         progress,
     };
     let mut result = Sweep::default();
@@ -286,6 +392,8 @@ struct Driver<'a> {
     args: &'a BenchArgs,
     client: request::HttpClient,
     workload: Arc<Workload>,
+    headers: http::HeaderMap,
+    api: Api,
     progress: &'a dyn Progress,
 }
 
@@ -457,11 +565,12 @@ impl Driver<'_> {
             _ => &self.args.url,
         };
         let (body, max_tokens) = self.workload.request(index);
-        let request = request::build(uri, Full::new(body));
+        let uri = self.args.request_uri(uri);
+        let request = request::build_with(&uri, Full::new(body), self.api, &self.headers);
         let client = self.client.clone();
-        let timeout = self.args.timeout;
+        let (timeout, api) = (self.args.timeout, self.api);
         async move {
-            let mut record = request::send(&client, request, timeout).await;
+            let mut record = request::send_with(&client, request, api, timeout).await;
             record.request_id = index;
             record.concurrency = concurrency;
             record.rate = match load {
@@ -484,8 +593,13 @@ pub fn main(args: BenchArgs) -> ExitCode {
         Err(e) => return crate::tools::cli::fail(&e),
     };
     crate::tools::cli::block_on(async move {
+        // Built inside the runtime: the connector's resolver needs one.
+        let client = match args.client() {
+            Ok(c) => c,
+            Err(e) => return crate::tools::cli::fail(&e),
+        };
         let progress = progress::for_stderr();
-        let sweep = sweep(&args, workload, progress.as_ref()).await;
+        let sweep = sweep(&args, workload, client, progress.as_ref()).await;
         drop(progress);
         finish(&args, &sweep)
     })
@@ -499,10 +613,30 @@ fn finish(args: &BenchArgs, sweep: &Sweep) -> ExitCode {
         }
     }
     if let Some(path) = &args.plot {
-        if let Err(e) = plot::write_svg(path, sweep) {
+        if let Err(e) = plot::write_svg_with(path, sweep, &args.slo()) {
             return crate::tools::cli::fail(&format!("cannot write {}: {e}", path.display()));
         }
     }
     print!("{}", report::render_sweep(sweep, args));
-    ExitCode::SUCCESS
+    let failing: Vec<String> = report::failing_levels(&sweep.levels, args.max_error_share)
+        .into_iter()
+        .chain(report::failing_levels(
+            &sweep.compared,
+            args.max_error_share,
+        ))
+        .map(|(level, share)| format!("{} ({:.0} % failed)", level.load, share * 100.0))
+        .collect();
+    if failing.is_empty() {
+        return ExitCode::SUCCESS;
+    }
+    eprintln!(
+        "tokenmeter: bench: failed requests above --max-error-share {:.0} % at {}",
+        args.max_error_share * 100.0,
+        failing.join(", ")
+    );
+    ExitCode::from(EXIT_ERRORS)
 }
+
+/// The exit status when a level failed more than `--max-error-share` of its requests (2 is
+/// a command that could not run at all: bad flags, an unreadable prompts file).
+pub const EXIT_ERRORS: u8 = 1;

@@ -1,6 +1,11 @@
 //! `--plot FILE.svg`: the latency-throughput curve of a sweep as a picture: TTFT p50 and p99
 //! (left axis, ms) and output tokens/s (right axis) against the levels' concurrency or offered
-//! rate, with target B's curves beside A's under `--compare`.
+//! rate, with target B's curves beside A's under `--compare`, and the TTFT SLO as a dashed line
+//! when one is given.
+//!
+//! The x axis is logarithmic in base 2: sweeps double their load (1, 2, 4, .. 64), and on a
+//! linear axis the first levels, where the curve is decided, crowd into the left edge. Colours
+//! are Okabe and Ito's palette, told apart with every common colour-vision deficiency.
 //!
 //! Drawn by plotters' SVG backend alone (no fonts, no bitmaps), so the picture costs no system
 //! library and the file is text a test can read.
@@ -9,7 +14,7 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use super::report::Load;
+use super::report::{Load, Slo};
 use super::{LevelReport, Sweep};
 
 /// One curve: its legend, its colour, and which axis it belongs to.
@@ -39,35 +44,56 @@ fn curves(levels: &[LevelReport], prefix: &str, colours: [RGBColor; 3]) -> Vec<C
     ]
 }
 
+/// Okabe and Ito's colour-blind-safe palette.
+const BLUE: RGBColor = RGBColor(0, 114, 178);
+const VERMILLION: RGBColor = RGBColor(213, 94, 0);
+const BLUISH_GREEN: RGBColor = RGBColor(0, 158, 115);
+const SKY_BLUE: RGBColor = RGBColor(86, 180, 233);
+const ORANGE: RGBColor = RGBColor(230, 159, 0);
+const REDDISH_PURPLE: RGBColor = RGBColor(204, 121, 167);
+
 /// Draws the sweep into `path` (an SVG file).
 pub fn write_svg(path: &Path, sweep: &Sweep) -> Result<(), String> {
+    write_svg_with(path, sweep, &Slo::default())
+}
+
+/// [`write_svg`], with the TTFT threshold of `slo` drawn as a dashed line when it has one.
+pub fn write_svg_with(path: &Path, sweep: &Sweep, slo: &Slo) -> Result<(), String> {
+    let a = [BLUE, VERMILLION, BLUISH_GREEN];
     let mut all = if sweep.compared.is_empty() {
-        curves(&sweep.levels, "", [BLUE, RED, GREEN])
+        curves(&sweep.levels, "", a)
     } else {
-        curves(&sweep.levels, "A ", [BLUE, RED, GREEN])
+        curves(&sweep.levels, "A ", a)
     };
     if !sweep.compared.is_empty() {
-        let (cyan, orange, olive) = (
-            RGBColor(0, 160, 200),
-            RGBColor(230, 120, 0),
-            RGBColor(120, 140, 0),
-        );
-        all.extend(curves(&sweep.compared, "B ", [cyan, orange, olive]));
+        all.extend(curves(
+            &sweep.compared,
+            "B ",
+            [SKY_BLUE, ORANGE, REDDISH_PURPLE],
+        ));
     }
-    let xs = sweep.levels.iter().map(|l| l.load.value());
+    let xs = sweep
+        .levels
+        .iter()
+        .map(|l| l.load.value())
+        .filter(|&x| x > 0.0);
     let (x_lo, x_hi) = xs.fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(x), hi.max(x)));
     if x_lo > x_hi {
         return Err("no levels to plot".into());
     }
-    let pad = ((x_hi - x_lo) * 0.05).max(0.5);
-    let x_range = (x_lo - pad).max(0.0)..x_hi + pad;
+    // Half a doubling of room on each side, so the end points are not on the frame.
+    let x_range = (x_lo / std::f64::consts::SQRT_2..x_hi * std::f64::consts::SQRT_2)
+        .log_scale()
+        .base(2.0);
+    let slo_ms = slo.ttft.map(|d| d.as_secs_f64() * 1000.0);
     let top = |throughput: bool| {
-        all.iter()
+        let highest = all
+            .iter()
             .filter(|c| c.throughput == throughput)
             .flat_map(|c| c.points.iter().map(|p| p.1))
-            .fold(0.0f64, f64::max)
-            .max(1.0)
-            * 1.1
+            .fold(0.0f64, f64::max);
+        let slo = if throughput { None } else { slo_ms };
+        highest.max(slo.unwrap_or(0.0)).max(1.0) * 1.1
     };
     let x_desc = match sweep.levels[0].load {
         Load::Concurrency(_) => "concurrency (requests in flight)",
@@ -91,9 +117,10 @@ pub fn write_svg(path: &Path, sweep: &Sweep) -> Result<(), String> {
         .set_secondary_coord(x_range, 0.0..top(true));
     chart
         .configure_mesh()
+        .x_labels(8)
         .x_desc(x_desc)
         .y_desc("TTFT (ms)")
-        .x_label_formatter(&|x| format!("{x}"))
+        .x_label_formatter(&|x| format!("{}", (x * 1000.0).round() / 1000.0))
         .y_label_formatter(&|y| format!("{y:.0}"))
         .draw()
         .map_err(|e| err(&e))?;
@@ -114,6 +141,23 @@ pub fn write_svg(path: &Path, sweep: &Sweep) -> Result<(), String> {
         drawn
             .map_err(|e| err(&e))?
             .label(curve.name)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour));
+    }
+    if let Some(ms) = slo_ms {
+        let colour = BLACK;
+        let (lo, hi) = (
+            x_lo / std::f64::consts::SQRT_2,
+            x_hi * std::f64::consts::SQRT_2,
+        );
+        chart
+            .draw_series(DashedLineSeries::new(
+                [(lo, ms), (hi, ms)],
+                8,
+                5,
+                colour.stroke_width(2),
+            ))
+            .map_err(|e| err(&e))?
+            .label(format!("SLO: TTFT {} ms", (ms * 1000.0).round() / 1000.0))
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour));
     }
     chart

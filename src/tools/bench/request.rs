@@ -7,14 +7,70 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use tokio::time::Instant;
 
 use crate::{Dialect, Framing, StreamReader};
 
-/// The client every worker shares (one connection pool).
-pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
+/// The client every worker shares (one connection pool), for http:// and https:// alike.
+pub type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// The API a request speaks, and whether its answer streams.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Api {
+    pub endpoint: Endpoint,
+    /// `false` with `--no-stream`: one JSON body, whose first token is seen only when it has
+    /// arrived whole, so TTFT is the time to the end of the body and TPOT and ITL are unknown.
+    pub stream: bool,
+}
+
+impl Default for Api {
+    fn default() -> Self {
+        Api {
+            endpoint: Endpoint::Chat,
+            stream: true,
+        }
+    }
+}
+
+/// OpenAI's chat completions or legacy completions endpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Endpoint {
+    /// `/v1/chat/completions`: `messages` in, `delta.content` out.
+    Chat,
+    /// `/v1/completions`: `prompt` in, `text` out.
+    Completions,
+}
+
+impl Endpoint {
+    /// The path a bare server address gets.
+    pub fn path(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "/v1/chat/completions",
+            Endpoint::Completions => "/v1/completions",
+        }
+    }
+
+    /// The endpoint a URL's path names: `/completions` not under `/chat/` is the legacy one;
+    /// anything else is taken as chat.
+    pub fn of_path(path: &str) -> Endpoint {
+        let path = path.trim_end_matches('/');
+        if path.ends_with("/completions") && !path.ends_with("/chat/completions") {
+            Endpoint::Completions
+        } else {
+            Endpoint::Chat
+        }
+    }
+
+    fn dialect(self) -> Dialect {
+        match self {
+            Endpoint::Chat => Dialect::OpenAiChat,
+            Endpoint::Completions => Dialect::OpenAiCompletions,
+        }
+    }
+}
 
 /// The largest SSE event the reader parses; bigger ones are counted, not parsed.
 const MAX_EVENT_BYTES: usize = 1 << 20;
@@ -92,17 +148,39 @@ pub struct Record {
 
 /// A streamed chat completions POST of `body` to `uri`.
 pub fn build(uri: &http::Uri, body: Full<Bytes>) -> http::Request<Full<Bytes>> {
+    build_with(uri, body, Api::default(), &http::HeaderMap::new())
+}
+
+/// A POST of `body` to `uri` for `api`, with `extra` headers (`--header`) added last: one
+/// that names `Content-Type` or `Accept` replaces bench's own.
+pub fn build_with(
+    uri: &http::Uri,
+    body: Full<Bytes>,
+    api: Api,
+    extra: &http::HeaderMap,
+) -> http::Request<Full<Bytes>> {
     let mut request = http::Request::new(body);
     *request.method_mut() = http::Method::POST;
     *request.uri_mut() = uri.clone();
-    request.headers_mut().insert(
+    let headers = request.headers_mut();
+    headers.insert(
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static("application/json"),
     );
-    request.headers_mut().insert(
+    headers.insert(
         http::header::ACCEPT,
-        http::HeaderValue::from_static("text/event-stream"),
+        http::HeaderValue::from_static(if api.stream {
+            "text/event-stream"
+        } else {
+            "application/json"
+        }),
     );
+    for name in extra.keys() {
+        headers.remove(name);
+    }
+    for (name, value) in extra {
+        headers.append(name, value.clone());
+    }
     request
 }
 
@@ -112,8 +190,18 @@ pub async fn send(
     request: http::Request<Full<Bytes>>,
     timeout: Duration,
 ) -> Record {
+    send_with(client, request, Api::default(), timeout).await
+}
+
+/// [`send`] for `api`: the body is read as SSE, or as one JSON document with `--no-stream`.
+pub async fn send_with(
+    client: &HttpClient,
+    request: http::Request<Full<Bytes>>,
+    api: Api,
+    timeout: Duration,
+) -> Record {
     let started = Instant::now();
-    let mut timing = Timing::new(started);
+    let mut timing = Timing::new(started, api);
     let outcome = tokio::time::timeout(timeout, exchange(client, request, &mut timing)).await;
     let e2e = started.elapsed();
     let error = match outcome {
@@ -130,6 +218,7 @@ pub async fn send(
 /// The request's clock and the reader of its body.
 struct Timing {
     started: Instant,
+    stream: bool,
     reader: StreamReader,
     status: u16,
     first: Option<Instant>,
@@ -140,10 +229,16 @@ struct Timing {
 }
 
 impl Timing {
-    fn new(started: Instant) -> Timing {
+    fn new(started: Instant, api: Api) -> Timing {
+        let framing = if api.stream {
+            Framing::Sse
+        } else {
+            Framing::Json
+        };
         Timing {
             started,
-            reader: StreamReader::new(Framing::Sse, Dialect::OpenAiChat, MAX_EVENT_BYTES),
+            stream: api.stream,
+            reader: StreamReader::new(framing, api.endpoint.dialect(), MAX_EVENT_BYTES),
             status: 0,
             first: None,
             last: None,
@@ -178,6 +273,10 @@ impl Timing {
         let summary = self.reader.summary();
         if summary.error {
             Some("the stream carried an error event".into())
+        } else if !self.stream {
+            // One JSON document has no end marker; a body cut short does not parse, and so
+            // carries no output.
+            (summary.output_events == 0).then(|| "the response body held no completion".to_string())
         } else if !summary.end_marker {
             Some("the stream ended without [DONE]".into())
         } else {
@@ -192,6 +291,8 @@ impl Timing {
             None => (self.event_tokens, TokenSource::Events),
         };
         let tpot = match (self.first, self.last) {
+            // A whole body at once says nothing about the pace of its tokens.
+            _ if !self.stream => None,
             (Some(first), Some(last)) if output_tokens > 1 => {
                 let divisor = u32::try_from(output_tokens - 1).unwrap_or(u32::MAX);
                 Some((last - first) / divisor)
@@ -219,6 +320,46 @@ impl Timing {
     }
 }
 
+/// Why a request got no response, worded so that [`cause`] can group it: `connection
+/// refused: ..`, `connect failed: ..` (DNS, TLS, unreachable) or `request failed: ..` (the
+/// connection broke while sending or before the response head).
+fn sending_error(e: &hyper_util::client::legacy::Error) -> String {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    let mut refused = false;
+    let mut detail = e.to_string();
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            refused |= io.kind() == std::io::ErrorKind::ConnectionRefused;
+        }
+        detail = s.to_string();
+        source = s.source();
+    }
+    if refused {
+        format!("connection refused: {detail}")
+    } else if e.is_connect() {
+        format!("connect failed: {detail}")
+    } else {
+        format!("request failed: {detail}")
+    }
+}
+
+/// The cause of a failed request, for the error summary: the words before the first `:` of
+/// its error (see [`sending_error`]), `HTTP status N`, `timeout`, or the stream's own failure.
+pub fn cause(record: &Record) -> Option<String> {
+    let error = record.error.as_deref()?;
+    Some(if error.starts_with("status ") {
+        format!("HTTP status {}", record.status)
+    } else if error.starts_with("timed out") {
+        "timeout".into()
+    } else if error.starts_with("body failed") {
+        "broken stream".into()
+    } else if let Some((head, _)) = error.split_once(':') {
+        head.to_string()
+    } else {
+        error.to_string()
+    })
+}
+
 async fn exchange(
     client: &HttpClient,
     request: http::Request<Full<Bytes>>,
@@ -227,7 +368,7 @@ async fn exchange(
     let response = client
         .request(request)
         .await
-        .map_err(|e| format!("request failed: {e}"))?;
+        .map_err(|e| sending_error(&e))?;
     timing.status = response.status().as_u16();
     if !response.status().is_success() {
         // The error body is not read: it says nothing bench reports, and it may be large.

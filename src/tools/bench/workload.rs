@@ -14,6 +14,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde_json::Value;
 
+use super::request::{Api, Endpoint};
+
 /// The largest `max_tokens` bench asks for (the sim's own limit).
 pub const MAX_TOKENS_LIMIT: u32 = 65_536;
 
@@ -129,6 +131,9 @@ fn mix(seed: u64, index: u64) -> u64 {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Prompt {
     messages: String,
+    /// The JSON string of the prompt for the completions endpoint: the line's `prompt`, or its
+    /// messages' text contents one a line.
+    text: String,
     max_tokens: Option<u32>,
 }
 
@@ -137,6 +142,7 @@ impl Prompt {
     pub fn user(content: &str) -> Prompt {
         Prompt {
             messages: serde_json::json!([{"role": "user", "content": content}]).to_string(),
+            text: Value::String(content.to_owned()).to_string(),
             max_tokens: None,
         }
     }
@@ -185,10 +191,13 @@ fn parse_prompt(line: &str) -> Result<Prompt, String> {
             }
         },
     };
-    let messages = match (object.get("prompt"), object.get("messages")) {
+    let (messages, text) = match (object.get("prompt"), object.get("messages")) {
         (Some(_), Some(_)) => return Err("has both `prompt` and `messages`".into()),
         (None, None) => return Err("has neither `prompt` nor `messages`".into()),
-        (Some(Value::String(text)), None) => Prompt::user(text).messages,
+        (Some(Value::String(text)), None) => {
+            let p = Prompt::user(text);
+            (p.messages, p.text)
+        }
         (Some(_), None) => return Err("`prompt` must be a string".into()),
         (None, Some(Value::Array(list))) => {
             if list.is_empty() {
@@ -199,12 +208,20 @@ fn parse_prompt(line: &str) -> Result<Prompt, String> {
                     return Err(format!("`messages[{j}]` has no string `role`"));
                 }
             }
-            Value::Array(list.clone()).to_string()
+            let text: Vec<&str> = list
+                .iter()
+                .filter_map(|m| m.get("content").and_then(Value::as_str))
+                .collect();
+            (
+                Value::Array(list.clone()).to_string(),
+                Value::String(text.join("\n")).to_string(),
+            )
         }
         (None, Some(_)) => return Err("`messages` must be an array".into()),
     };
     Ok(Prompt {
         messages,
+        text,
         max_tokens,
     })
 }
@@ -221,14 +238,32 @@ pub struct Workload {
 
 impl Workload {
     pub fn new(model: &str, prompts: Vec<Prompt>, max_tokens: MaxTokens, seed: u64) -> Workload {
+        Self::for_api(model, prompts, max_tokens, seed, Api::default())
+    }
+
+    /// [`Workload::new`] for `api`: chat bodies carry `messages`, completions bodies `prompt`;
+    /// a streamed request asks for the final usage, a non-streamed one gets it in its body.
+    pub fn for_api(
+        model: &str,
+        prompts: Vec<Prompt>,
+        max_tokens: MaxTokens,
+        seed: u64,
+        api: Api,
+    ) -> Workload {
         let model = Value::String(model.to_owned()).to_string();
+        let stream = if api.stream {
+            r#""stream":true,"stream_options":{"include_usage":true}"#
+        } else {
+            r#""stream":false"#
+        };
         let heads = prompts
             .into_iter()
             .map(|p| {
-                let head = format!(
-                    r#"{{"model":{model},"messages":{},"stream":true,"stream_options":{{"include_usage":true}},"max_tokens":"#,
-                    p.messages
-                );
+                let input = match api.endpoint {
+                    Endpoint::Chat => format!(r#""messages":{}"#, p.messages),
+                    Endpoint::Completions => format!(r#""prompt":{}"#, p.text),
+                };
+                let head = format!(r#"{{"model":{model},{input},{stream},"max_tokens":"#);
                 (head, p.max_tokens)
             })
             .collect();
@@ -310,6 +345,24 @@ mod tests {
         let seq = |seed| (0..50).map(|i| uniform.draw(seed, i)).collect::<Vec<_>>();
         assert_eq!(seq(7), seq(7), "same seed, same draws");
         assert_ne!(seq(7), seq(8), "another seed, other draws");
+    }
+
+    #[test]
+    fn completions_and_unstreamed_bodies_carry_the_prompt_text_and_stream_false() {
+        let lines = "{\"messages\": [{\"role\": \"system\", \"content\": \"be brief\"}, {\"role\": \"user\", \"content\": \"hi\"}]}";
+        let prompts = vec![parse_prompt(lines).expect("a valid line")];
+        let api = Api {
+            endpoint: Endpoint::Completions,
+            stream: false,
+        };
+        let w = Workload::for_api("m", prompts, MaxTokens::Fixed(3), 1, api);
+        let body: Value = serde_json::from_slice(&w.request(0).0).expect("JSON body");
+        assert_eq!(body["prompt"], "be brief\nhi");
+        assert_eq!(body["stream"], false);
+        assert!(body.get("messages").is_none() && body.get("stream_options").is_none());
+        assert_eq!(Endpoint::of_path("/v1/completions"), Endpoint::Completions);
+        assert_eq!(Endpoint::of_path("/v1/chat/completions"), Endpoint::Chat);
+        assert_eq!(Endpoint::of_path("/"), Endpoint::Chat);
     }
 
     #[test]

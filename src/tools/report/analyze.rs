@@ -27,7 +27,7 @@ use super::read::{Loaded, Request, Source};
 pub const REPORT_VERSION: u32 = 1;
 /// A concurrency level with fewer requests is shown but not judged for the bend: its p99 would
 /// be one request.
-pub const MIN_LEVEL_REQUESTS: usize = 5;
+pub const MIN_LEVEL_REQUESTS: usize = crate::tools::bench::report::MIN_LEVEL_SAMPLE;
 /// Concurrency levels are exact up to here, then powers of two (17-32, 33-64, ...).
 const EXACT_LEVELS: u64 = 16;
 /// How many malformed lines the report itself lists.
@@ -278,7 +278,7 @@ fn bend(requests: &[&Request], by: By) -> Bend {
     let knee = find_knee(&judged);
     let verdict = match &knee {
         Some(k) => format!(
-            "past {} {}, output tokens/s grows by {:+.0} % (less than 10 %) while p99 TTFT rises from {} to {}",
+            "past {} {}, output tokens/s grows by {:+.0} % (the added load brings under a third of its share) while p99 TTFT rises from {} to {}",
             k.concurrency,
             by.words(),
             k.throughput_growth * 100.0,
