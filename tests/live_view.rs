@@ -152,8 +152,14 @@ fn rendered_dom(url: &str, width: u32) -> String {
 /// cross origins, so this chromium runs without web security.
 fn rendered_dom_narrow(admin: &str, width: u32) -> String {
     let dir = TempDir::new();
-    let page =
-        tokenmeter::LIVE_PAGE.replacen("<head>", &format!("<head><base href=\"{admin}/\">"), 1);
+    // The detailed tables open, so that they too must fit.
+    let page = tokenmeter::LIVE_PAGE
+        .replacen("<head>", &format!("<head><base href=\"{admin}/\">"), 1)
+        .replacen("id=\"details\">", "id=\"details\" open>", 1);
+    assert!(
+        page.contains("id=\"details\" open>"),
+        "the page has no #details"
+    );
     let escaped = page
         .replace('&', "&amp;")
         .replace('"', "&quot;")
@@ -525,7 +531,8 @@ async fn the_page_shows_what_was_sent() {
             move || rendered_dom(&url, 1280)
         }),
         tokio::task::spawn_blocking({
-            let url = proxy.admin_url("/");
+            // With the detailed tables open.
+            let url = proxy.admin_url("/#details");
             move || rendered_dom(&url, 1400)
         }),
         tokio::task::spawn_blocking({
@@ -541,6 +548,13 @@ async fn the_page_shows_what_was_sent() {
     let after = get_json(&proxy.admin_url("/stats")).await;
     assert_page_shows(&dom, 1280);
     assert_page_shows(&wider, 1400);
+    for dom in [&wider, &phone] {
+        assert!(
+            dom.contains("id=\"details\" open"),
+            "the tables were not open"
+        );
+        assert_eq!(number(dom, "stat-chat-1m-requests"), 20.0);
+    }
     assert_page_shows(&phone, 390);
 
     // The detailed tables: the young process's three windows cover the same time, so they

@@ -37,7 +37,7 @@
 //! [`WORST_CASE_BYTES_PER_ROUTE`], 1.76 MiB, so 56 MiB if all 32 routes saw every duration from
 //! 1 µs to 27 h in every slot. At most [`MAX_MODEL_ROWS`] model rows are kept over all routes
 //! (one silent for an hour gives its place; requests past the limit count in their route and in
-//! `unsplit_requests`), each at most `WORST_CASE_BYTES_PER_MODEL`, 0.87 MiB: 28 MiB more at
+//! `unsplit_requests`), each at most `WORST_CASE_BYTES_PER_MODEL`, 0.89 MiB: 28 MiB more at
 //! worst. Real traffic spans a few hundred buckets per sketch, a few hundred KiB per busy route.
 //! A request's [`GapSketch`] is the same sketch: at most 5 KiB, typically a few hundred bytes.
 //!

@@ -1,5 +1,6 @@
 //! The live view's time rings: fixed rings of 10-second and 1-minute slots, each slot a tally of
-//! counters and sketches, and the routes' pairs of rings.
+//! counters, sketches and the highest in-flight level seen, the routes' pairs of rings and their
+//! models' 1-minute rings.
 
 use std::sync::Arc;
 use std::time::Duration;
