@@ -154,6 +154,11 @@ fn runs_on_flags_and_stops_cleanly_on_sigterm() {
         .expect("admin address in the startup line")
         .to_string();
     assert!(serving.contains("upstream=http://127.0.0.1:9"), "{serving}");
+    // The live view's address, to open in a browser.
+    assert!(
+        serving.contains(&format!("live_view=http://{admin}/")),
+        "{serving}"
+    );
     let health = Command::new("curl")
         .args(["-sS", "--max-time", "5", &format!("http://{admin}/healthz")])
         .output()

@@ -80,9 +80,9 @@ fn chromium() -> PathBuf {
     })
 }
 
-/// Loads `url` in headless chromium, lets the page run for 10 s of virtual time (five refreshes)
-/// and returns the DOM it then holds.
-fn rendered_dom(url: &str) -> String {
+/// Runs headless chromium on `url` with `extra` flags, lets the page run for 10 s of virtual
+/// time (ten refreshes of `/stats`, two of `/stats/series`) and returns the DOM it then holds.
+fn chromium_dom(extra: &[String], url: &str) -> String {
     let profile = TempDir::new();
     let mut child = Command::new(chromium())
         .args([
@@ -97,6 +97,7 @@ fn rendered_dom(url: &str) -> String {
             "--disable-dev-shm-usage",
         ])
         .arg(format!("--user-data-dir={}", profile.path().display()))
+        .args(extra)
         .args(["--virtual-time-budget=10000", "--dump-dom", url])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -139,20 +140,183 @@ fn rendered_dom(url: &str) -> String {
     dom
 }
 
-/// The `data-value` of the element with `id`, as the DOM holds it.
-fn data_value(dom: &str, id: &str) -> String {
+/// The page at `url` as a browser window `width` CSS pixels wide renders it.
+fn rendered_dom(url: &str, width: u32) -> String {
+    chromium_dom(&[format!("--window-size={width},2000")], url)
+}
+
+/// The live page of the admin listener at `admin` (`http://host:port`) rendered `width` CSS
+/// pixels wide, for widths below headless chromium's smallest window (500 px): the page runs
+/// in a frame of that width, its own copy with `<base>` pointing at the admin listener, and
+/// the frame's DOM is copied out once it has run 9 s. Only for tests: the frame's fetches
+/// cross origins, so this chromium runs without web security.
+fn rendered_dom_narrow(admin: &str, width: u32) -> String {
+    let dir = TempDir::new();
+    // The detailed tables open, so that they too must fit.
+    let page = tokenmeter::LIVE_PAGE
+        .replacen("<head>", &format!("<head><base href=\"{admin}/\">"), 1)
+        .replacen("id=\"details\">", "id=\"details\" open>", 1);
+    assert!(
+        page.contains("id=\"details\" open>"),
+        "the page has no #details"
+    );
+    let escaped = page
+        .replace('&', "&amp;")
+        .replace('"', "&quot;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;");
+    let wrapper = format!(
+        r#"<!doctype html><html><body style="margin:0"><iframe id="frame" srcdoc="{escaped}" style="width:{width}px;height:2000px;border:0"></iframe><div id="copy"></div>
+<script>
+setTimeout(() => {{
+  const frame = document.getElementById("frame");
+  const d = frame.contentDocument;
+  document.documentElement.dataset.layout = d.documentElement.dataset.layout || "";
+  document.body.dataset.stats = d.body.dataset.stats || "";
+  document.getElementById("copy").innerHTML = d.body.innerHTML;
+  frame.remove();
+}}, 9000);
+</script></body></html>"#
+    );
+    let path = dir.path().join("narrow.html");
+    std::fs::write(&path, wrapper).unwrap();
+    chromium_dom(
+        &[
+            "--window-size=1280,2000".into(),
+            "--disable-web-security".into(),
+        ],
+        &format!("file://{}", path.display()),
+    )
+}
+
+/// The opening tag of the element with `id`.
+fn tag<'a>(dom: &'a str, id: &str) -> &'a str {
     let at = dom
         .find(&format!("id=\"{id}\""))
         .unwrap_or_else(|| panic!("no element #{id} in the rendered page:\n{dom}"));
     let start = dom[..at].rfind('<').expect("inside a tag");
     let end = at + dom[at..].find('>').expect("tag ends");
-    let tag = &dom[start..end];
-    let value = tag
-        .split("data-value=\"")
+    &dom[start..end]
+}
+
+/// The value of attribute `name` in an opening tag.
+fn attr(tag: &str, name: &str) -> Option<String> {
+    tag.split(&format!(" {name}=\""))
         .nth(1)
         .and_then(|v| v.split('"').next())
-        .unwrap_or_else(|| panic!("#{id} has no data-value: {tag}"));
-    value.to_string()
+        .map(str::to_string)
+}
+
+/// The page's own measurement: nothing wider than the window, which is `width` wide.
+fn assert_no_horizontal_overflow(dom: &str, width: u32) {
+    let html = &dom[dom.find("<html").expect("an html element")..];
+    let html = &html[..html.find('>').unwrap()];
+    let layout = attr(html, "data-layout").unwrap_or_else(|| panic!("no data-layout: {html}"));
+    let [scroll, inner]: [u32; 2] = layout
+        .split(' ')
+        .map(|v| v.parse().unwrap_or_else(|e| panic!("{layout}: {e}")))
+        .collect::<Vec<_>>()
+        .try_into()
+        .unwrap_or_else(|_| panic!("{layout}"));
+    assert_eq!(inner, width, "the window is not {width} px wide: {layout}");
+    assert!(
+        scroll <= inner,
+        "at {width} px the page is {scroll} px wide: it overflows horizontally"
+    );
+}
+
+/// What the page must show, whatever its width: the scoreboard with the route's status and
+/// number, the model rows, the over-threshold mark, the charts with their SLO line where the
+/// threshold is, the empty route collapsed.
+fn assert_page_shows(dom: &str, width: u32) {
+    assert!(
+        dom.contains("data-stats=\"ok\""),
+        "{width} px: the page never loaded /stats:\n{dom}"
+    );
+    assert_no_horizontal_overflow(dom, width);
+    // 10 of 20 good against 99 %: a burn rate of 50 over both windows.
+    let row = tag(dom, "board-chat");
+    assert_eq!(attr(row, "data-status").as_deref(), Some("broken"), "{row}");
+    let status = &dom[dom.find("id=\"board-chat-status\"").unwrap()..];
+    assert!(
+        status[..status.find("</span>").unwrap()].contains("✕ broken"),
+        "{status}"
+    );
+    assert_eq!(number(dom, "board-chat-attainment"), 0.5);
+    assert_eq!(number(dom, "board-chat-in-flight"), 1.0);
+    // p99 TTFT ~300 ms against 200 ms: marked, not only coloured.
+    let ttft = tag(dom, "board-chat-ttft-p99");
+    assert_eq!(attr(ttft, "data-over").as_deref(), Some("true"), "{ttft}");
+    let cell = &dom[dom.find("id=\"board-chat-ttft-p99\"").unwrap()..];
+    assert!(cell[..cell.find("</td>").unwrap()].contains('▲'), "{cell}");
+    // One row per model: the fast one meets the SLO, the slow one fails every request.
+    let fast = tag(dom, "board-chat-model-fast");
+    let slow = tag(dom, "board-chat-model-slow");
+    assert_eq!(attr(fast, "data-status").as_deref(), Some("met"), "{fast}");
+    assert_eq!(
+        attr(slow, "data-status").as_deref(),
+        Some("broken"),
+        "{slow}"
+    );
+    assert_eq!(number(dom, "board-chat-model-fast-attainment"), 1.0);
+    assert_eq!(number(dom, "board-chat-model-slow-attainment"), 0.0);
+    // The configured route without traffic is one line, in the scoreboard and the tables.
+    assert!(
+        attr(tag(dom, "board-empty-routes"), "data-routes")
+            .unwrap()
+            .split(' ')
+            .any(|r| r == "default"),
+        "{}",
+        tag(dom, "board-empty-routes")
+    );
+    assert_eq!(
+        attr(tag(dom, "route-default"), "data-empty").as_deref(),
+        Some("true")
+    );
+    assert!(!dom.contains("id=\"stat-default-1m-requests\""));
+    assert!(!dom.contains("id=\"board-default\""));
+    // The charts: TTFT with its SLO line at 200 ms, on the chart's own scale.
+    for chart in ["ttft", "tpot", "throughput", "in-flight"] {
+        tag(dom, &format!("chart-chat-{chart}"));
+    }
+    let svg = tag(dom, "chart-chat-ttft");
+    let num = |tag: &str, name: &str| -> f64 {
+        attr(tag, name)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name} in {tag}"))
+    };
+    let (y_max, top, bottom) = (
+        num(svg, "data-y-max"),
+        num(svg, "data-plot-top"),
+        num(svg, "data-plot-bottom"),
+    );
+    let body = &dom[dom.find("id=\"chart-chat-ttft\"").unwrap()..];
+    let body = &body[..body.find("</svg>").unwrap()];
+    let line = &body[body.find("class=\"slo-line\"").expect("an SLO line")..];
+    let line = &format!(" {}", &line[..line.find('>').unwrap()]);
+    assert_eq!(num(line, "data-threshold"), 200.0, "{line}");
+    let expected = bottom - 200.0 / y_max * (bottom - top);
+    assert!(
+        (num(line, "y1") - expected).abs() < 0.01 && num(line, "y2") == num(line, "y1"),
+        "the SLO line is at y={} not {expected}: {line}",
+        num(line, "y1")
+    );
+    assert!(y_max >= 300.0, "the scale must hold the p99: {svg}");
+    assert!(
+        body.contains("data-series=\"p99\"") && body.contains("data-series=\"p50\""),
+        "{body}"
+    );
+    let in_flight = &dom[dom.find("id=\"chart-chat-in-flight\"").unwrap()..];
+    assert!(
+        in_flight[..in_flight.find("</svg>").unwrap()].contains("data-series=\"in flight\""),
+        "{in_flight}"
+    );
+}
+
+/// The `data-value` of the element with `id`, as the DOM holds it.
+fn data_value(dom: &str, id: &str) -> String {
+    let tag = tag(dom, id);
+    attr(tag, "data-value").unwrap_or_else(|| panic!("#{id} has no data-value: {tag}"))
 }
 
 fn number(dom: &str, id: &str) -> f64 {
@@ -307,46 +471,126 @@ async fn the_page_shows_what_was_sent() {
     );
     let head = send(&proxy.admin_url("/stats"), "GET", "", &[], false).await;
     assert_eq!(head.headers["content-type"], "application/json");
-    let url = proxy.admin_url("/");
-    let dom = tokio::task::spawn_blocking(move || rendered_dom(&url))
-        .await
-        .unwrap();
-    let after = get_json(&proxy.admin_url("/stats")).await;
 
-    assert!(
-        dom.contains("data-stats=\"ok\""),
-        "the page never loaded /stats:\n{dom}"
+    // The scoreboard's numbers in `/stats`: the route and each model, judged as the module
+    // doc says (10 of 20 good against 0.99 burns 50 times as fast as allowed: broken).
+    let board = &chat["scoreboard"];
+    assert_eq!(board["status"], "broken", "{board}");
+    assert_eq!(
+        (board["requests"].as_u64(), board["attainment"].as_f64()),
+        (Some(20), Some(0.5))
     );
-    for window in ["1m", "5m", "1h"] {
-        let id = |column: &str| format!("stat-chat-{window}-{column}");
-        let w = &chat["windows"][window];
-        assert_eq!(number(&dom, &id("requests")), 20.0, "{window}");
-        assert_eq!(number(&dom, &id("attainment")), 0.5, "{window}");
-        assert_eq!(number(&dom, &id("violations-ttft")), 10.0, "{window}");
-        assert_eq!(number(&dom, &id("violations-error")), 0.0, "{window}");
-        for key in ["p50", "p95", "p99"] {
-            for metric in ["ttft", "e2e"] {
-                let shown = number(&dom, &id(&format!("{metric}-{key}")));
-                let served = w[format!("{metric}_ms")][key].as_f64().unwrap();
-                assert!(
-                    same(shown, served),
-                    "{window} {metric} {key}: page {shown}, /stats {served}"
-                );
-            }
-        }
-        // Rates fall as the young process ages: the page's lie between two reads of `/stats`.
-        let rps = number(&dom, &id("rps"));
-        let (hi, lo) = (
-            w["requests_per_second"].as_f64().unwrap(),
-            route(&after, "chat")["windows"][window]["requests_per_second"]
-                .as_f64()
-                .unwrap(),
-        );
+    assert!(
+        (board["burn_rate_5m"].as_f64().unwrap() - 50.0).abs() < 1e-6,
+        "{board}"
+    );
+    assert_eq!(board["errors"], 0);
+    assert_eq!(chat["thresholds_ms"]["ttft"], 200.0);
+    let model = |name: &str| {
+        chat["models"]
+            .as_array()
+            .and_then(|m| m.iter().find(|m| m["model"] == name))
+            .unwrap_or_else(|| panic!("model {name} missing in {chat}"))
+    };
+    assert_eq!(model("fast")["scoreboard"]["status"], "met");
+    assert_eq!(model("fast")["scoreboard"]["requests"], 10);
+    assert_eq!(model("slow")["scoreboard"]["status"], "broken");
+    assert_eq!(model("slow")["scoreboard"]["attainment"], 0.0);
+    assert!(
+        model("slow")["scoreboard"]["ttft_p99_ms"].as_f64().unwrap() >= ttft[10] * (1.0 - ALPHA)
+    );
+
+    // `/stats/series`: the young process's one minute, and the 10 s slots since start, hold
+    // the 20 requests; the in-flight level was seen at finishes and at the reads above.
+    let series = get_json(&proxy.admin_url("/stats/series")).await;
+    let chat_series = route(&series, "chat");
+    for (ring, width) in [("minutes", 60), ("ten_seconds", 10)] {
+        let points = chat_series[ring]["points"].as_array().unwrap();
+        assert_eq!(chat_series[ring]["slot_seconds"], width);
+        assert_eq!(points[0]["start"], 0, "{ring}");
+        let total: u64 = points.iter().map(|p| p["requests"].as_u64().unwrap()).sum();
+        assert_eq!(total, 20, "{ring}: {points:?}");
         assert!(
-            lo <= rps && rps <= hi,
-            "{window}: page {rps} not in [{lo}, {hi}]"
+            points
+                .iter()
+                .any(|p| p["in_flight_max"].as_i64() >= Some(1)),
+            "{ring}: {points:?}"
         );
+        let ttft_p99 = points
+            .iter()
+            .filter_map(|p| p["ttft_p99_ms"].as_f64())
+            .fold(0.0, f64::max);
+        assert!(ttft_p99 >= ttft[10] * (1.0 - ALPHA), "{ring}: {points:?}");
     }
+    assert_eq!(chat_series["thresholds_ms"]["ttft"], 200.0);
+
+    // The page, as a browser renders it: a laptop, a wide screen and a phone.
+    let (wide, wider, phone) = (
+        tokio::task::spawn_blocking({
+            let url = proxy.admin_url("/");
+            move || rendered_dom(&url, 1280)
+        }),
+        tokio::task::spawn_blocking({
+            // With the detailed tables open.
+            let url = proxy.admin_url("/#details");
+            move || rendered_dom(&url, 1400)
+        }),
+        tokio::task::spawn_blocking({
+            let admin = proxy.admin_url("");
+            move || rendered_dom_narrow(admin.trim_end_matches('/'), 390)
+        }),
+    );
+    let (dom, wider, phone) = (
+        wide.await.unwrap(),
+        wider.await.unwrap(),
+        phone.await.unwrap(),
+    );
+    let after = get_json(&proxy.admin_url("/stats")).await;
+    assert_page_shows(&dom, 1280);
+    assert_page_shows(&wider, 1400);
+    for dom in [&wider, &phone] {
+        assert!(
+            dom.contains("id=\"details\" open"),
+            "the tables were not open"
+        );
+        assert_eq!(number(dom, "stat-chat-1m-requests"), 20.0);
+    }
+    assert_page_shows(&phone, 390);
+
+    // The detailed tables: the young process's three windows cover the same time, so they
+    // are one row, under the 1m ids.
+    assert!(
+        after["uptime_seconds"].as_f64().unwrap() < 50.0,
+        "the test ran too long for its windows to coincide: {after}"
+    );
+    assert!(dom.contains("data-windows=\"1m 5m 1h\""), "{dom}");
+    assert!(!dom.contains("id=\"stat-chat-5m-requests\""));
+    let window = "1m";
+    let id = |column: &str| format!("stat-chat-{window}-{column}");
+    let w = &chat["windows"][window];
+    assert_eq!(number(&dom, &id("requests")), 20.0);
+    assert_eq!(number(&dom, &id("attainment")), 0.5);
+    assert_eq!(number(&dom, &id("violations-ttft")), 10.0);
+    assert_eq!(number(&dom, &id("violations-error")), 0.0);
+    for key in ["p50", "p95", "p99"] {
+        for metric in ["ttft", "e2e"] {
+            let shown = number(&dom, &id(&format!("{metric}-{key}")));
+            let served = w[format!("{metric}_ms")][key].as_f64().unwrap();
+            assert!(
+                same(shown, served),
+                "{metric} {key}: page {shown}, /stats {served}"
+            );
+        }
+    }
+    // Rates fall as the young process ages: the page's lie between two reads of `/stats`.
+    let rps = number(&dom, &id("rps"));
+    let (hi, lo) = (
+        w["requests_per_second"].as_f64().unwrap(),
+        route(&after, "chat")["windows"][window]["requests_per_second"]
+            .as_f64()
+            .unwrap(),
+    );
+    assert!(lo <= rps && rps <= hi, "page {rps} not in [{lo}, {hi}]");
     let p50_shown = number(&dom, "stat-chat-1m-ttft-p50");
     assert!(ttft[9] < p50_shown && p50_shown < ttft[10], "{p50_shown}");
     // The attainment cell says, in words and mark, that the objective is missed.
@@ -358,9 +602,10 @@ async fn the_page_shows_what_was_sent() {
     );
     assert_eq!(number(&dom, "stat-chat-in-flight"), 1.0);
     assert_eq!(number(&dom, "stat-chat-objective"), 0.99);
-    // A configured route without traffic is shown, with nothing to show.
-    assert_eq!(number(&dom, "stat-default-1m-requests"), 0.0);
-    assert_eq!(data_value(&dom, "stat-default-1m-ttft-p50"), "");
+    // Links to what else there is.
+    for link in ["href=\"/metrics\"", "href=\"/stats\"", "tokenmeter report"] {
+        assert!(dom.contains(link), "{link}");
+    }
     hanging.abort();
 }
 
@@ -373,7 +618,7 @@ async fn the_page_says_when_stats_cannot_be_reached() {
     let page = dir.path().join("live.html");
     std::fs::write(&page, tokenmeter::LIVE_PAGE).unwrap();
     let url = format!("file://{}", Path::new(&page).display());
-    let dom = tokio::task::spawn_blocking(move || rendered_dom(&url))
+    let dom = tokio::task::spawn_blocking(move || rendered_dom(&url, 1280))
         .await
         .unwrap();
     assert!(dom.contains("data-stats=\"unreachable\""), "{dom}");

@@ -66,6 +66,8 @@ struct Active {
     /// until it ends.
     in_flight: Option<InFlight>,
     in_flight_at_start: i64,
+    /// The route's in-flight level as the request finished, itself included, for the live view.
+    in_flight_at_finish: Option<i64>,
 
     status: Option<StatusCode>,
     handles: Option<Arc<RequestMetrics>>,
@@ -228,6 +230,7 @@ impl Recorder {
             model: model.clone(),
             in_flight: None,
             in_flight_at_start: 0,
+            in_flight_at_finish: None,
             status: None,
             handles: None,
             admit: false,
@@ -547,6 +550,7 @@ impl Active {
                     .with_model(&self.candidates, self.model.get()),
             );
         }
+        self.in_flight_at_finish = self.in_flight.as_ref().map(InFlight::current);
         drop(self.in_flight.take());
         if let End::Failed { status, .. } | End::Refused { status, .. } = end {
             self.status = Some(status);
@@ -667,6 +671,8 @@ impl Active {
                 tpot: f.tpot,
                 e2e: f.e2e,
                 itl: &self.itl,
+                model: &self.handles.as_ref().expect("resolved above").model,
+                in_flight: self.in_flight_at_finish,
             },
         );
         let h = self.resolve_handles();

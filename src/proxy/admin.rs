@@ -76,7 +76,8 @@ fn respond(
             );
             response
         }
-        "/stats" => stats(generation),
+        "/stats" => stats(generation, false),
+        "/stats/series" => stats(generation, true),
         "/" => {
             let mut response = Response::new(Full::new(Bytes::from_static(live::PAGE.as_bytes())));
             response.headers_mut().insert(
@@ -90,29 +91,30 @@ fn respond(
         "/readyz" => text(StatusCode::SERVICE_UNAVAILABLE, "draining\n"),
         _ => text(
             StatusCode::NOT_FOUND,
-            "not found: try /, /stats, /metrics, /healthz or /readyz\n",
+            "not found: try /, /stats, /stats/series, /metrics, /healthz or /readyz\n",
         ),
     }
 }
 
-/// The live view's numbers for every configured route (the default included) and any other
-/// route seen in the last hour.
-fn stats(generation: &Generation) -> Response<Full<Bytes>> {
+/// The live view's numbers (`series`: its per-slot points) for every configured route (the
+/// default included) and any other route seen in the last hour.
+fn stats(generation: &Generation, series: bool) -> Response<Full<Bytes>> {
     let routes: Vec<RouteView> = generation
         .meter
         .router
         .routes()
-        .map(|r| RouteView {
-            name: r.name.to_string(),
-            objective: r.slo.and_then(|s| s.objective),
-            in_flight: generation.meter.metrics.in_flight_now(&r.name),
+        .map(|r| {
+            let in_flight = generation.meter.metrics.in_flight_now(&r.name);
+            RouteView::new(&r.name, r.slo.as_ref(), in_flight)
         })
         .collect();
-    let snapshot = generation
-        .meter
-        .live
-        .snapshot(tokio::time::Instant::now(), &routes);
-    let Ok(body) = serde_json::to_vec(&snapshot) else {
+    let (live, now) = (&generation.meter.live, tokio::time::Instant::now());
+    let body = if series {
+        serde_json::to_vec(&live.series(now, &routes))
+    } else {
+        serde_json::to_vec(&live.snapshot(now, &routes))
+    };
+    let Ok(body) = body else {
         return text(StatusCode::INTERNAL_SERVER_ERROR, "cannot encode /stats\n");
     };
     let mut response = Response::new(Full::new(Bytes::from(body)));

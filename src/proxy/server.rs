@@ -159,7 +159,8 @@ pub async fn start(
             }
         }
     });
-    tracing::info!(%listen, %admin, %upstream, "tokenmeter is serving");
+    let live_view = format!("http://{admin}/");
+    tracing::info!(%listen, %admin, %upstream, %live_view, "tokenmeter is serving");
     Ok(Running {
         listen,
         admin,

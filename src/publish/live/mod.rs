@@ -25,14 +25,48 @@
 //! good requests and their output tokens; attainment is good / (good + violated), `null` when
 //! the route has no SLO or nothing was judged; violations are counted per failed criterion.
 //!
+//! Each route is also split by model, by the request's model label as `/metrics` has it
+//! (bounded there: a configured or admitted name, `other`, `unknown`). A model row keeps the
+//! 1-minute ring only, without ITL: its "5m" figures merge the last 5 long slots (the current,
+//! partial minute and four before it, so 4 to 5 minutes), its "1h" all 60.
+//!
 //! Memory is bounded whatever the traffic: at most [`MAX_ROUTES`] routes are kept (a route
 //! silent for an hour gives its place to a new one; requests on routes past the limit are only
 //! counted as `untracked_requests`), each with 90 slots of four sketches whose counts can span
 //! at most 1267 buckets of 4 bytes (`u32`, saturating: far beyond any server in one slot):
 //! [`WORST_CASE_BYTES_PER_ROUTE`], 1.76 MiB, so 56 MiB if all 32 routes saw every duration from
-//! 1 µs to 27 h in every slot. Real traffic spans a few hundred buckets per sketch, a few hundred
-//! KiB per busy route. A request's [`GapSketch`] is the same sketch: at most 5 KiB, typically a
-//! few hundred bytes.
+//! 1 µs to 27 h in every slot. At most [`MAX_MODEL_ROWS`] model rows are kept over all routes
+//! (one silent for an hour gives its place; requests past the limit count in their route and in
+//! `unsplit_requests`), each at most `WORST_CASE_BYTES_PER_MODEL`, 0.89 MiB: 28 MiB more at
+//! worst. Real traffic spans a few hundred buckets per sketch, a few hundred KiB per busy route.
+//! A request's [`GapSketch`] is the same sketch: at most 5 KiB, typically a few hundred bytes.
+//!
+//! What a request costs here is one short lock: its durations' buckets are found before it (one
+//! logarithm each, shared by the route's and the model's tallies), then a few additions to the
+//! route's two slots and its model's one. The in-flight level it adds is one relaxed load of the
+//! route's gauge the recorder already holds, and a `max` under the same lock.
+//!
+//! **Status**, per route and per model, with burn rate = violated share ÷ (1 − objective) over a
+//! window (infinite for an objective of 1 missed):
+//!
+//! - `no_objective`: the route has no objective;
+//! - `idle`: nothing judged in the 5-minute window;
+//! - `met`: 5-minute attainment ≥ objective (burn rate ≤ 1);
+//! - `broken`: over both 5 minutes and 1 hour, the burn rate is above 14.4 or nothing judged
+//!   was good: the fast-burn page of `tokenmeter rules` (1 h and 5 m above 14.4: 2 % of a
+//!   30-day budget in an hour), without its 2-minute hold, and a route failing every request
+//!   even where its objective is too loose for 14.4 to be reachable;
+//! - `burning`: below the objective, not broken.
+//!
+//! Ratios are compared as their correctly rounded doubles, so an attainment equal to the
+//! objective is `met`, and a burn rate of exactly 14.4 is not above it.
+//!
+//! **Cost of a refresh.** The page fetches `/stats` every second and `/stats/series` every five
+//! seconds. Both are built on the admin listener when asked, from the rings, taking the lock one
+//! route at a time (a recorder waits at most one route's merge); nothing is computed on a
+//! request's path. `/stats` also notes each route's in-flight level in its current slots, so the
+//! in-flight chart has a point for every slot someone watched. The test
+//! `tests::a_refresh_costs` prints what both cost for 8 routes with full rings.
 //!
 //! `/stats` is one JSON object:
 //!
@@ -42,8 +76,18 @@
 //!  "windows": ["1m", "5m", "1h"],
 //!  "percentile_relative_error": 0.01,              α above
 //!  "untracked_requests": 0,                        requests on routes past MAX_ROUTES
+//!  "unsplit_requests": 0,                          requests in no model row (MAX_MODEL_ROWS)
 //!  "routes": [{
 //!    "route": "chat", "objective": 0.99 | null, "in_flight": 3,
+//!    "thresholds_ms": {"ttft": 300.0 | null, "tpot": .., "e2e": .., "max_itl": ..},
+//!    "scoreboard": {                               over the 5m window
+//!        "status": "met" | "burning" | "broken" | "idle" | "no_objective",
+//!        "seconds": 300.0, "requests": n, "requests_per_second": ..,
+//!        "errors": n,                              the `error` outcome
+//!        "attainment": 0.995 | null,
+//!        "burn_rate_5m": 0.5 | null, "burn_rate_1h": .. | null,   null: not finite or none
+//!        "ttft_p99_ms": .. | null, "tpot_p99_ms": .., "itl_p99_ms": .., "e2e_p99_ms": ..},
+//!    "models": [{"model": "llama", "scoreboard": {...}}],
 //!    "windows": {"1m": {
 //!        "seconds": 60.0,                          time covered, the divisor of every rate
 //!        "requests": 1200, "requests_per_second": 20.0,
@@ -58,8 +102,26 @@
 //!        "violations": {"ttft": n, "tpot": n, "e2e": n, "max_itl": n, "error": n}},
 //!      "5m": {...}, "1h": {...}}}]}
 //! ```
+//!
+//! `/stats/series` is one point per slot of each ring, oldest first, from the process's first
+//! slot or a ring ago, whichever is later (so up to 60 minutes and 30 ten-second slots); a slot
+//! nothing happened in is a point with no requests and null figures:
+//!
+//! ```text
+//! {"generated_at": "..", "uptime_seconds": 3723.5,
+//!  "routes": [{"route": "chat", "objective": .., "thresholds_ms": {...},
+//!    "minutes": {"slot_seconds": 60, "points": [{
+//!        "start": 3660,                            the slot's start, s since the process started
+//!        "seconds": 60.0,                          covered: less for the current slot
+//!        "requests": n, "errors": n, "requests_per_second": ..,
+//!        "output_tokens_per_second": .., "goodput_requests_per_second": ..,
+//!        "goodput_output_tokens_per_second": .., "attainment": .. | null,
+//!        "ttft_p50_ms": .. | null, "ttft_p99_ms": .., "tpot_p99_ms": .., "itl_p99_ms": ..,
+//!        "e2e_p99_ms": .., "in_flight_max": n | null}]},
+//!    "ten_seconds": {"slot_seconds": 10, "points": [...]}}]}
+//! ```
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
@@ -68,17 +130,26 @@ use tokio::time::Instant;
 mod ring;
 mod sketch;
 
+use crate::config::Slo;
 use crate::policy::outcome::Outcome;
 use crate::policy::slo::Verdict;
 use ring::*;
 pub(crate) use sketch::GapSketch;
 use sketch::*;
 
-/// The page served on `/`: it fetches `/stats` every 2 s and draws one table per route.
+/// The page served on `/`: it fetches `/stats` every second and `/stats/series` every five,
+/// and draws the scoreboard, the charts and the detailed tables.
 pub const PAGE: &str = include_str!("page.html");
 
 /// The most routes kept; see the module doc.
 pub(crate) const MAX_ROUTES: usize = 32;
+
+/// The most (route, model) rows kept over all routes; see the module doc.
+pub(crate) const MAX_MODEL_ROWS: usize = 32;
+
+/// The burn rate over both 5 m and 1 h past which a route is `broken`: the SRE Workbook's
+/// fast-burn page, as `tokenmeter rules` writes it (2 % of a 30-day budget in an hour).
+pub(crate) const BROKEN_BURN_RATE: f64 = 14.4;
 
 /// One finished request, as the live view needs it.
 pub(crate) struct Sample<'a> {
@@ -91,6 +162,11 @@ pub(crate) struct Sample<'a> {
     pub(crate) tpot: Option<Duration>,
     pub(crate) e2e: Duration,
     pub(crate) itl: &'a GapSketch,
+    /// The request's model label, as `/metrics` has it (bounded there).
+    pub(crate) model: &'a Arc<str>,
+    /// The route's in-flight level as the request finished, itself included; `None` when it
+    /// was never counted in flight.
+    pub(crate) in_flight: Option<i64>,
 }
 
 /// A route to show, as the current configuration and gauges have it.
@@ -98,13 +174,87 @@ pub(crate) struct Sample<'a> {
 pub(crate) struct RouteView {
     pub(crate) name: String,
     pub(crate) objective: Option<f64>,
+    pub(crate) thresholds: Thresholds,
     pub(crate) in_flight: i64,
+}
+
+impl RouteView {
+    pub(crate) fn new(name: &str, slo: Option<&Slo>, in_flight: i64) -> RouteView {
+        let ms = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1e3);
+        RouteView {
+            name: name.to_string(),
+            objective: slo.and_then(|s| s.objective),
+            thresholds: Thresholds {
+                ttft: ms(slo.and_then(|s| s.ttft)),
+                tpot: ms(slo.and_then(|s| s.tpot)),
+                e2e: ms(slo.and_then(|s| s.e2e)),
+                max_itl: ms(slo.and_then(|s| s.max_itl)),
+            },
+            in_flight,
+        }
+    }
+}
+
+/// A route's SLO thresholds in milliseconds; `null` for a criterion it does not have.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub(crate) struct Thresholds {
+    pub(crate) ttft: Option<f64>,
+    pub(crate) tpot: Option<f64>,
+    pub(crate) e2e: Option<f64>,
+    pub(crate) max_itl: Option<f64>,
 }
 
 #[derive(Debug, Default)]
 struct Inner {
     routes: Vec<RouteRings>,
     untracked: u64,
+    /// Requests counted in their route but in no model row (all `MAX_MODEL_ROWS` busy).
+    unsplit: u64,
+}
+
+impl Inner {
+    /// The place of `route`'s rings, made (or taken over from a route silent for an hour) if
+    /// there is room; `None` past [`MAX_ROUTES`].
+    fn route_index(&mut self, route: &str, long_n: u64) -> Option<usize> {
+        if let Some(i) = self.routes.iter().position(|r| &*r.name == route) {
+            return Some(i);
+        }
+        if self.routes.len() < MAX_ROUTES {
+            self.routes.push(RouteRings::new(route));
+            return Some(self.routes.len() - 1);
+        }
+        let i = self
+            .routes
+            .iter()
+            .position(|r| !r.seen_within_hour(long_n))?;
+        // Everything it held has expired; its rings are reused as they are, its models are
+        // another route's and go.
+        self.routes[i].name = route.into();
+        self.routes[i].models.clear();
+        Some(i)
+    }
+
+    /// The place of `model`'s ring within route `i`, made (or taken over from a model silent
+    /// for an hour, on any route) if there is room; `None` past [`MAX_MODEL_ROWS`].
+    fn model_index(&mut self, i: usize, model: &Arc<str>, long_n: u64) -> Option<usize> {
+        if let Some(j) = self.routes[i].models.iter().position(|m| m.is(model)) {
+            return Some(j);
+        }
+        let rows: usize = self.routes.iter().map(|r| r.models.len()).sum();
+        let ring = if rows < MAX_MODEL_ROWS {
+            ModelRings::new(model)
+        } else {
+            let (a, b) = self.routes.iter().enumerate().find_map(|(a, r)| {
+                let b = r.models.iter().position(|m| !m.seen_within_hour(long_n))?;
+                Some((a, b))
+            })?;
+            let mut ring = self.routes[a].models.swap_remove(b);
+            ring.name = model.clone();
+            ring
+        };
+        self.routes[i].models.push(ring);
+        Some(self.routes[i].models.len() - 1)
+    }
 }
 
 /// The live view's store: lives as long as the process, across configuration reloads.
@@ -133,42 +283,76 @@ impl LiveStats {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// One finished request; called once per request from the recorder's single finish.
+    /// One finished request; called once per request from the recorder's single finish. The
+    /// durations' buckets are found once, before the lock, for both the route's and the
+    /// model's tallies.
     pub(crate) fn record(&self, now: Instant, route: &str, sample: &Sample<'_>) {
         let elapsed = now.saturating_duration_since(self.started);
         let short_n = elapsed.as_secs() / SHORT_SLOT_SECS;
         let long_n = elapsed.as_secs() / LONG_SLOT_SECS;
+        let buckets = Buckets::of(sample);
         let mut inner = self.lock();
-        let i = match inner.routes.iter().position(|r| &*r.name == route) {
-            Some(i) => i,
-            None if inner.routes.len() < MAX_ROUTES => {
-                inner.routes.push(RouteRings::new(route));
-                inner.routes.len() - 1
-            }
-            None => match inner
-                .routes
-                .iter()
-                .position(|r| !r.seen_within_hour(long_n))
-            {
-                Some(i) => {
-                    // Everything it held has expired; its rings are reused as they are.
-                    inner.routes[i].name = route.into();
-                    i
-                }
-                None => {
-                    inner.untracked += 1;
-                    return;
-                }
-            },
+        let Some(i) = inner.route_index(route, long_n) else {
+            inner.untracked += 1;
+            return;
         };
+        let model = inner.model_index(i, sample.model, long_n);
         let rings = &mut inner.routes[i];
         rings.last_long_slot = rings.last_long_slot.max(long_n);
         if let Some(t) = rings.short.tally(short_n) {
-            t.add(sample);
+            t.add(sample, &buckets, true);
         }
         if let Some(t) = rings.long.tally(long_n) {
-            t.add(sample);
+            t.add(sample, &buckets, true);
         }
+        match model {
+            Some(j) => {
+                let m = &mut rings.models[j];
+                m.last_long_slot = m.last_long_slot.max(long_n);
+                if let Some(t) = m.long.tally(long_n) {
+                    t.add(sample, &buckets, false);
+                }
+            }
+            None => inner.unsplit += 1,
+        }
+    }
+
+    /// Notes each route's current in-flight level in its current slots, so a minute in which
+    /// nothing finished still has a level while someone watches. Only routes with rings, or
+    /// with requests in flight, take part: a silent configured route takes no place.
+    fn note_in_flight(&self, elapsed: Duration, views: &[RouteView]) {
+        let short_n = elapsed.as_secs() / SHORT_SLOT_SECS;
+        let long_n = elapsed.as_secs() / LONG_SLOT_SECS;
+        let mut inner = self.lock();
+        for view in views {
+            let known = inner.routes.iter().any(|r| *r.name == *view.name);
+            if !known && view.in_flight <= 0 {
+                continue;
+            }
+            let Some(i) = inner.route_index(&view.name, long_n) else {
+                continue;
+            };
+            let rings = &mut inner.routes[i];
+            if let Some(t) = rings.short.tally(short_n) {
+                t.note_in_flight(view.in_flight);
+            }
+            if let Some(t) = rings.long.tally(long_n) {
+                t.note_in_flight(view.in_flight);
+            }
+        }
+    }
+
+    /// `routes` (configured ones even without traffic) plus any other route seen in the last
+    /// hour, and the requests on routes past the limit and outside every model row.
+    fn views(&self, long_n: u64, routes: &[RouteView]) -> (Vec<RouteView>, u64, u64) {
+        let mut views: Vec<RouteView> = routes.to_vec();
+        let inner = self.lock();
+        for r in &inner.routes {
+            if r.seen_within_hour(long_n) && !views.iter().any(|v| v.name == *r.name) {
+                views.push(RouteView::new(&r.name, None, 0));
+            }
+        }
+        (views, inner.untracked, inner.unsplit)
     }
 
     /// Everything `/stats` shows, for `routes` (configured ones even without traffic) plus any
@@ -176,20 +360,8 @@ impl LiveStats {
     pub(crate) fn snapshot(&self, now: Instant, routes: &[RouteView]) -> Snapshot {
         let elapsed = now.saturating_duration_since(self.started);
         let long_n = elapsed.as_secs() / LONG_SLOT_SECS;
-        let mut views: Vec<RouteView> = routes.to_vec();
-        let untracked = {
-            let inner = self.lock();
-            for r in &inner.routes {
-                if r.seen_within_hour(long_n) && !views.iter().any(|v| v.name == *r.name) {
-                    views.push(RouteView {
-                        name: r.name.to_string(),
-                        objective: None,
-                        in_flight: 0,
-                    });
-                }
-            }
-            inner.untracked
-        };
+        self.note_in_flight(elapsed, routes);
+        let (views, untracked, unsplit) = self.views(long_n, routes);
         let empty_short = Ring::new(SHORT_SLOT_SECS, 0);
         let empty_long = Ring::new(LONG_SLOT_SECS, 0);
         let routes = views
@@ -209,10 +381,36 @@ impl LiveStats {
                     Window::merge(ring.window(cur, k)).stats(seconds, view.objective)
                 };
                 let [one_minute, five_minutes, one_hour] = WINDOWS.map(window);
+                let scoreboard = Board::new(&five_minutes, &one_hour, view.objective);
+                let models = rings
+                    .map(|r| {
+                        let cur = r.long.number(elapsed);
+                        r.models
+                            .iter()
+                            .filter(|m| m.seen_within_hour(long_n))
+                            .map(|m| {
+                                let stats = |k: u64| {
+                                    let seconds = m.long.covered(elapsed, k).as_secs_f64();
+                                    Window::merge(m.long.window(cur, k))
+                                        .stats(seconds, view.objective)
+                                };
+                                let (five, hour) =
+                                    (stats(MODEL_WINDOW_5M_SLOTS), stats(LONG_SLOTS as u64));
+                                ModelSnapshot {
+                                    model: m.name.to_string(),
+                                    scoreboard: Board::new(&five, &hour, view.objective),
+                                }
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
                 RouteSnapshot {
                     route: view.name,
                     objective: view.objective,
+                    thresholds_ms: view.thresholds,
                     in_flight: view.in_flight,
+                    scoreboard,
+                    models,
                     windows: Windows {
                         one_minute,
                         five_minutes,
@@ -227,6 +425,52 @@ impl LiveStats {
             windows: WINDOWS.map(|(name, _, _)| name),
             percentile_relative_error: RELATIVE_ACCURACY,
             untracked_requests: untracked,
+            unsplit_requests: unsplit,
+            routes,
+        }
+    }
+
+    /// `/stats/series`: per route, one point per slot of each ring, oldest first, from the
+    /// process's first slot or a ring ago, whichever is later; the current slot is partial.
+    pub(crate) fn series(&self, now: Instant, routes: &[RouteView]) -> Series {
+        let elapsed = now.saturating_duration_since(self.started);
+        let long_n = elapsed.as_secs() / LONG_SLOT_SECS;
+        let (views, _, _) = self.views(long_n, routes);
+        let routes = views
+            .into_iter()
+            .map(|view| {
+                let inner = self.lock();
+                let rings = inner.routes.iter().find(|r| *r.name == *view.name);
+                let points = |id: RingId, width: u64, len: usize| {
+                    let cur = elapsed.as_secs() / width;
+                    let first = (cur + 1).saturating_sub(len as u64);
+                    (first..=cur)
+                        .map(|n| {
+                            let start = n * width;
+                            let seconds = (elapsed.as_secs_f64() - start as f64).min(width as f64);
+                            let tally = rings.and_then(|r| r.ring(id).slot(n));
+                            Point::new(start, seconds, tally, view.objective)
+                        })
+                        .collect()
+                };
+                RouteSeries {
+                    route: view.name,
+                    objective: view.objective,
+                    thresholds_ms: view.thresholds,
+                    minutes: Points {
+                        slot_seconds: LONG_SLOT_SECS,
+                        points: points(RingId::Long, LONG_SLOT_SECS, LONG_SLOTS),
+                    },
+                    ten_seconds: Points {
+                        slot_seconds: SHORT_SLOT_SECS,
+                        points: points(RingId::Short, SHORT_SLOT_SECS, SHORT_SLOTS),
+                    },
+                }
+            })
+            .collect();
+        Series {
+            generated_at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+            uptime_seconds: elapsed.as_secs_f64(),
             routes,
         }
     }
@@ -239,6 +483,18 @@ impl LiveStats {
             .routes
             .iter()
             .map(|r| std::mem::size_of::<RouteRings>() + r.short.heap_bytes() + r.long.heap_bytes())
+            .sum()
+    }
+
+    #[cfg(test)]
+    /// The bytes the model rows hold now.
+    pub(crate) fn model_bytes_held(&self) -> usize {
+        let inner = self.lock();
+        inner
+            .routes
+            .iter()
+            .flat_map(|r| &r.models)
+            .map(|m| std::mem::size_of::<ModelRings>() + m.long.heap_bytes())
             .sum()
     }
 }
@@ -339,6 +595,7 @@ pub(crate) struct Snapshot {
     pub(crate) windows: [&'static str; 3],
     pub(crate) percentile_relative_error: f64,
     pub(crate) untracked_requests: u64,
+    pub(crate) unsplit_requests: u64,
     pub(crate) routes: Vec<RouteSnapshot>,
 }
 
@@ -346,8 +603,189 @@ pub(crate) struct Snapshot {
 pub(crate) struct RouteSnapshot {
     pub(crate) route: String,
     pub(crate) objective: Option<f64>,
+    pub(crate) thresholds_ms: Thresholds,
     pub(crate) in_flight: i64,
+    pub(crate) scoreboard: Board,
+    pub(crate) models: Vec<ModelSnapshot>,
     pub(crate) windows: Windows,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct ModelSnapshot {
+    pub(crate) model: String,
+    pub(crate) scoreboard: Board,
+}
+
+/// Where a route or model stands against its objective; the module doc states the rules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Status {
+    Met,
+    Burning,
+    Broken,
+    /// Nothing judged in the last 5 minutes.
+    Idle,
+    /// No objective: attainment is shown, not judged.
+    NoObjective,
+}
+
+/// The burn rate of a window: its violated share over the share the objective allows;
+/// `None` without judged requests or objective; infinite for an objective of 1 missed.
+pub(crate) fn burn_rate(good: u64, violated: u64, objective: Option<f64>) -> Option<f64> {
+    let objective = objective?;
+    let judged = good + violated;
+    if judged == 0 {
+        return None;
+    }
+    let bad = violated as f64 / judged as f64;
+    let budget = 1.0 - objective;
+    Some(if bad == 0.0 {
+        0.0
+    } else if budget <= 0.0 {
+        f64::INFINITY
+    } else {
+        bad / budget
+    })
+}
+
+/// The status of a row from its 5-minute and 1-hour (good, violated) counts.
+pub(crate) fn status(five: (u64, u64), hour: (u64, u64), objective: Option<f64>) -> Status {
+    let Some(o) = objective else {
+        return Status::NoObjective;
+    };
+    let judged = five.0 + five.1;
+    if judged == 0 {
+        return Status::Idle;
+    }
+    // Attainment good / judged is the correctly rounded quotient, as the objective is the
+    // correctly rounded decimal: at a ratio equal to the objective they are the same double.
+    if five.0 as f64 / judged as f64 >= o {
+        return Status::Met;
+    }
+    // A decimal objective is off by an ulp in binary: the factor gets a relative margin far
+    // below any real difference, so a burn of exactly 14.4 is not past it, as in the alert.
+    let past = |(good, violated)| {
+        burn_rate(good, violated, objective).is_some_and(|b| b > BROKEN_BURN_RATE * (1.0 + 1e-9))
+            || (good == 0 && violated > 0)
+    };
+    if past(five) && past(hour) {
+        Status::Broken
+    } else {
+        Status::Burning
+    }
+}
+
+/// A scoreboard row: where a route or model stands over the last 5 minutes.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Board {
+    pub(crate) status: Status,
+    /// The time the row's figures cover.
+    pub(crate) seconds: f64,
+    pub(crate) requests: u64,
+    pub(crate) requests_per_second: f64,
+    /// Requests that ended in a server-side error (the `error` outcome).
+    pub(crate) errors: u64,
+    pub(crate) attainment: Option<f64>,
+    pub(crate) burn_rate_5m: Option<f64>,
+    pub(crate) burn_rate_1h: Option<f64>,
+    pub(crate) ttft_p99_ms: Option<f64>,
+    pub(crate) tpot_p99_ms: Option<f64>,
+    pub(crate) itl_p99_ms: Option<f64>,
+    pub(crate) e2e_p99_ms: Option<f64>,
+}
+
+impl Board {
+    fn new(five: &WindowStats, hour: &WindowStats, objective: Option<f64>) -> Board {
+        let finite = |b: Option<f64>| b.filter(|b| b.is_finite());
+        let p99 = |p: Option<Percentiles>| p.map(|p| p.p99);
+        Board {
+            status: status(
+                (five.good, five.violated),
+                (hour.good, hour.violated),
+                objective,
+            ),
+            seconds: five.seconds,
+            requests: five.requests,
+            requests_per_second: five.requests_per_second,
+            errors: five.outcomes.error,
+            attainment: five.attainment,
+            burn_rate_5m: finite(burn_rate(five.good, five.violated, objective)),
+            burn_rate_1h: finite(burn_rate(hour.good, hour.violated, objective)),
+            ttft_p99_ms: p99(five.ttft_ms),
+            tpot_p99_ms: p99(five.tpot_ms),
+            itl_p99_ms: p99(five.itl_ms),
+            e2e_p99_ms: p99(five.e2e_ms),
+        }
+    }
+}
+
+/// `/stats/series`; the module doc shows its shape.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Series {
+    pub(crate) generated_at: String,
+    pub(crate) uptime_seconds: f64,
+    pub(crate) routes: Vec<RouteSeries>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct RouteSeries {
+    pub(crate) route: String,
+    pub(crate) objective: Option<f64>,
+    pub(crate) thresholds_ms: Thresholds,
+    pub(crate) minutes: Points,
+    pub(crate) ten_seconds: Points,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Points {
+    pub(crate) slot_seconds: u64,
+    pub(crate) points: Vec<Point>,
+}
+
+/// One slot of a ring.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Point {
+    /// The slot's start, in seconds since the process started.
+    pub(crate) start: u64,
+    /// The time it covers: its width, or less for the current slot.
+    pub(crate) seconds: f64,
+    pub(crate) requests: u64,
+    pub(crate) errors: u64,
+    pub(crate) requests_per_second: f64,
+    pub(crate) output_tokens_per_second: f64,
+    pub(crate) goodput_requests_per_second: f64,
+    pub(crate) goodput_output_tokens_per_second: f64,
+    pub(crate) attainment: Option<f64>,
+    pub(crate) ttft_p50_ms: Option<f64>,
+    pub(crate) ttft_p99_ms: Option<f64>,
+    pub(crate) tpot_p99_ms: Option<f64>,
+    pub(crate) itl_p99_ms: Option<f64>,
+    pub(crate) e2e_p99_ms: Option<f64>,
+    pub(crate) in_flight_max: Option<i64>,
+}
+
+impl Point {
+    fn new(start: u64, seconds: f64, tally: Option<&Tally>, objective: Option<f64>) -> Point {
+        let w = Window::merge(tally.into_iter()).stats(seconds, objective);
+        let pick = |p: Option<Percentiles>, f: fn(Percentiles) -> f64| p.map(f);
+        Point {
+            start,
+            seconds,
+            requests: w.requests,
+            errors: w.outcomes.error,
+            requests_per_second: w.requests_per_second,
+            output_tokens_per_second: w.output_tokens_per_second,
+            goodput_requests_per_second: w.goodput_requests_per_second,
+            goodput_output_tokens_per_second: w.goodput_output_tokens_per_second,
+            attainment: w.attainment,
+            ttft_p50_ms: pick(w.ttft_ms, |p| p.p50),
+            ttft_p99_ms: pick(w.ttft_ms, |p| p.p99),
+            tpot_p99_ms: pick(w.tpot_ms, |p| p.p99),
+            itl_p99_ms: pick(w.itl_ms, |p| p.p99),
+            e2e_p99_ms: pick(w.e2e_ms, |p| p.p99),
+            in_flight_max: tally.and_then(|t| t.in_flight_max),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -663,6 +1101,21 @@ mod tests {
         g
     }
 
+    thread_local! {
+        static MODEL: Arc<str> = Arc::from("m");
+    }
+
+    /// A model label that lives as long as the test thread, like `/metrics`' labels.
+    fn model_label(name: &str) -> &'static Arc<str> {
+        Box::leak(Box::new(MODEL.with(|m| {
+            if **m == *name {
+                m.clone()
+            } else {
+                Arc::from(name)
+            }
+        })))
+    }
+
     fn sample<'a>(
         outcome: Outcome,
         verdict: Option<&'a Verdict>,
@@ -678,15 +1131,17 @@ mod tests {
             tpot: Some(Duration::from_millis(20)),
             e2e: Duration::from_millis(ttft_ms + 80),
             itl,
+            model: model_label("m"),
+            in_flight: None,
         }
     }
 
     fn view(name: &str) -> RouteView {
-        RouteView {
-            name: name.into(),
+        let slo = Slo {
             objective: Some(0.9),
-            in_flight: 2,
-        }
+            ..Slo::default()
+        };
+        RouteView::new(name, Some(&slo), 2)
     }
 
     fn route<'a>(s: &'a Snapshot, name: &str) -> &'a RouteSnapshot {
@@ -942,6 +1397,8 @@ mod tests {
                         tpot: Some(d),
                         e2e: d,
                         itl: &g,
+                        model: model_label("m"),
+                        in_flight: Some(1),
                     };
                     live.record(at, "chat", &s);
                 }
@@ -953,9 +1410,289 @@ mod tests {
         eprintln!("worst case per route: {WORST_CASE_BYTES_PER_ROUTE} bytes, filled: {bytes}");
     }
 
+    /// The status rules, exactly at their boundaries (objective 0.99 allows 1 % bad; a burn
+    /// of 14.4 is 14.4 % bad).
+    #[test]
+    fn status_rules_at_the_boundaries() {
+        let o = Some(0.99);
+        let calm = (1000, 0);
+        // Attainment exactly at the objective is met; one more violation is not.
+        assert_eq!(status((99, 1), calm, o), Status::Met);
+        assert_eq!(status((990, 10), calm, o), Status::Met);
+        assert_eq!(status((989, 11), calm, o), Status::Burning);
+        // A burn of exactly 14.4 over both windows is not above it; 14.5 over both is broken.
+        assert_eq!(status((856, 144), (856, 144), o), Status::Burning);
+        assert_eq!(status((855, 145), (855, 145), o), Status::Broken);
+        // Past it over 5 minutes only, or over the hour only: burning.
+        assert_eq!(status((855, 145), (9000, 145), o), Status::Burning);
+        assert_eq!(status((990, 10), (855, 145), o), Status::Met);
+        assert_eq!(status((50, 50), (8560, 1440), o), Status::Burning);
+        assert_eq!(status((50, 50), (8550, 1450), o), Status::Broken);
+        // Nothing judged in 5 minutes, or no objective.
+        assert_eq!(status((0, 0), (0, 100), o), Status::Idle);
+        assert_eq!(status((0, 10), (0, 10), None), Status::NoObjective);
+        // An objective too loose for 14.4 to be reachable: broken only when nothing is good.
+        let loose = Some(0.9);
+        assert_eq!(status((1, 99), (1, 99), loose), Status::Burning);
+        assert_eq!(status((0, 5), (0, 99), loose), Status::Broken);
+        assert_eq!(status((0, 5), (1, 99), loose), Status::Burning);
+        // An objective of 1: any violation burns infinitely fast; of 0: always met.
+        assert_eq!(status((10, 0), (10, 0), Some(1.0)), Status::Met);
+        assert_eq!(status((9, 1), (9, 1), Some(1.0)), Status::Broken);
+        assert_eq!(status((0, 10), (0, 10), Some(0.0)), Status::Met);
+        // The burn rate itself.
+        let b = burn_rate(856, 144, o).unwrap();
+        assert!((b - 14.4).abs() < 1e-9, "{b}");
+        assert_eq!(burn_rate(10, 0, o), Some(0.0));
+        assert_eq!(burn_rate(0, 0, o), None);
+        assert_eq!(burn_rate(5, 5, None), None);
+        assert_eq!(burn_rate(9, 1, Some(1.0)), Some(f64::INFINITY));
+    }
+
+    fn sample_of<'a>(
+        model: &str,
+        verdict: Option<&'a Verdict>,
+        ttft_ms: u64,
+        in_flight: i64,
+        itl: &'a GapSketch,
+    ) -> Sample<'a> {
+        Sample {
+            model: model_label(model),
+            in_flight: Some(in_flight),
+            ..sample(Outcome::Ok, verdict, ttft_ms, itl)
+        }
+    }
+
+    /// The scoreboard: the route's row over 5 minutes, its status, and one row per model with
+    /// its own figures and status; JSON as the module doc shows it.
+    #[tokio::test(start_paused = true)]
+    async fn the_scoreboard_splits_routes_by_model() {
+        let live = LiveStats::new();
+        let t0 = Instant::now();
+        let g = GapSketch::default();
+        let (good, slow) = (Verdict::Good, Verdict::Violated(vec![Criterion::Ttft]));
+        let at = t0 + Duration::from_secs(30);
+        for _ in 0..9 {
+            live.record(at, "chat", &sample_of("fast", Some(&good), 100, 1, &g));
+        }
+        for _ in 0..3 {
+            live.record(at, "chat", &sample_of("slow", Some(&slow), 900, 1, &g));
+        }
+        let slo = Slo {
+            ttft: Some(Duration::from_millis(300)),
+            objective: Some(0.9),
+            ..Slo::default()
+        };
+        let view = RouteView::new("chat", Some(&slo), 4);
+        let s = live.snapshot(t0 + Duration::from_secs(40), &[view]);
+        let r = route(&s, "chat");
+        assert_eq!(r.thresholds_ms.ttft, Some(300.0));
+        assert_eq!(r.thresholds_ms.tpot, None);
+        let b = &r.scoreboard;
+        assert_eq!((b.requests, b.attainment), (12, Some(0.75)));
+        // 25 % bad against 10 % allowed: a burn of 2.5, below the objective, not broken.
+        assert_eq!(b.status, Status::Burning);
+        assert!((b.burn_rate_5m.unwrap() - 2.5).abs() < 1e-9, "{b:?}");
+        assert_eq!(b.burn_rate_5m, b.burn_rate_1h);
+        assert!(b.ttft_p99_ms.unwrap() > 800.0, "{b:?}");
+        let m = |name: &str| {
+            r.models
+                .iter()
+                .find(|m| m.model == name)
+                .unwrap_or_else(|| panic!("{name}: {r:?}"))
+        };
+        assert_eq!(r.models.len(), 2);
+        let (fast, slow) = (&m("fast").scoreboard, &m("slow").scoreboard);
+        assert_eq!(
+            (fast.requests, fast.attainment, fast.status),
+            (9, Some(1.0), Status::Met)
+        );
+        assert_eq!(
+            (slow.requests, slow.attainment, slow.status),
+            (3, Some(0.0), Status::Broken)
+        );
+        assert!((slow.burn_rate_5m.unwrap() - 10.0).abs() < 1e-9, "{slow:?}");
+        assert!((fast.ttft_p99_ms.unwrap() / 100.0 - 1.0).abs() <= ALPHA);
+        assert!((slow.ttft_p99_ms.unwrap() / 900.0 - 1.0).abs() <= ALPHA);
+        assert_eq!(fast.itl_p99_ms, None, "model rows keep no ITL");
+        let json = serde_json::to_value(&s).unwrap();
+        let route_json = &json["routes"][0];
+        assert_eq!(route_json["scoreboard"]["status"], "burning");
+        assert_eq!(route_json["thresholds_ms"]["ttft"], 300.0);
+        assert_eq!(route_json["models"][1]["scoreboard"]["status"], "broken");
+        assert_eq!(json["unsplit_requests"], 0);
+        // Without an objective: no status, attainment shown.
+        let s = live.snapshot(t0 + Duration::from_secs(40), &[]);
+        assert_eq!(route(&s, "chat").scoreboard.status, Status::NoObjective);
+    }
+
+    /// Model rows are bounded over all routes: past the limit, requests count in their route
+    /// and as unsplit; an hour later a new model takes a silent one's place.
+    #[tokio::test(start_paused = true)]
+    async fn model_rows_are_bounded_and_silent_ones_give_way() {
+        let live = LiveStats::new();
+        let t0 = Instant::now();
+        let g = GapSketch::default();
+        for i in 0..MAX_MODEL_ROWS + 3 {
+            let route = if i % 2 == 0 { "a" } else { "b" };
+            live.record(t0, route, &sample_of(&format!("m{i}"), None, 100, 1, &g));
+        }
+        let s = live.snapshot(t0, &[]);
+        let rows: usize = s.routes.iter().map(|r| r.models.len()).sum();
+        assert_eq!(rows, MAX_MODEL_ROWS);
+        assert_eq!(s.unsplit_requests, 3);
+        let total: u64 = s.routes.iter().map(|r| r.windows.one_minute.requests).sum();
+        assert_eq!(total, MAX_MODEL_ROWS as u64 + 3);
+        let later = t0 + Duration::from_secs(3600);
+        live.record(later, "a", &sample_of("new", None, 100, 1, &g));
+        let s = live.snapshot(later, &[]);
+        assert_eq!(s.unsplit_requests, 3);
+        let a = route(&s, "a");
+        assert_eq!(a.models.len(), 1, "{a:?}");
+        assert_eq!(
+            (a.models[0].model.as_str(), a.models[0].scoreboard.requests),
+            ("new", 1)
+        );
+    }
+
+    /// `/stats/series`: one point per minute (and per 10 s) since start, empty slots included,
+    /// each with its own figures and in-flight level, at finishes and at `/stats` reads.
+    #[tokio::test(start_paused = true)]
+    async fn series_has_one_point_per_slot() {
+        let live = LiveStats::new();
+        let t0 = Instant::now();
+        let g = gaps(&[10]);
+        let good = Verdict::Good;
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        live.record(at(5), "chat", &sample_of("m", Some(&good), 100, 3, &g));
+        live.record(at(10), "chat", &sample_of("m", Some(&good), 200, 7, &g));
+        live.record(at(150), "chat", &sample_of("m", None, 400, 1, &g));
+        // A `/stats` read in minute 3 sees 5 in flight, with no finish there.
+        live.snapshot(at(200), &[RouteView::new("chat", None, 5)]);
+        let s = live.series(at(250), &[]);
+        let r = s.routes.iter().find(|r| r.route == "chat").expect("chat");
+        assert_eq!(r.minutes.slot_seconds, 60);
+        let p = &r.minutes.points;
+        let starts: Vec<u64> = p.iter().map(|p| p.start).collect();
+        assert_eq!(starts, [0, 60, 120, 180, 240]);
+        let requests: Vec<u64> = p.iter().map(|p| p.requests).collect();
+        assert_eq!(requests, [2, 0, 1, 0, 0]);
+        let in_flight: Vec<Option<i64>> = p.iter().map(|p| p.in_flight_max).collect();
+        assert_eq!(in_flight, [Some(7), None, Some(1), Some(5), None]);
+        assert_eq!(p[0].seconds, 60.0);
+        assert_eq!(p[4].seconds, 10.0);
+        assert_eq!(p[0].requests_per_second, 2.0 / 60.0);
+        assert_eq!(p[0].attainment, Some(1.0));
+        assert_eq!(p[2].attainment, None);
+        assert!((p[0].ttft_p99_ms.unwrap() / 200.0 - 1.0).abs() <= ALPHA);
+        assert!((p[0].ttft_p50_ms.unwrap() / 150.0 - 1.0).abs() <= ALPHA);
+        assert!((p[2].ttft_p99_ms.unwrap() / 400.0 - 1.0).abs() <= ALPHA);
+        assert!(p[1].ttft_p99_ms.is_none() && p[1].itl_p99_ms.is_none());
+        assert!((p[0].itl_p99_ms.unwrap() / 10.0 - 1.0).abs() <= ALPHA);
+        // The 10 s ring: 26 slots since start (the 26th just begun), one request in slot 0,
+        // one in 1, one in 15.
+        let short = &r.ten_seconds.points;
+        assert_eq!(short.len(), 26);
+        assert_eq!(short[25].seconds, 0.0);
+        assert_eq!(
+            (short[0].requests, short[1].requests, short[15].requests),
+            (1, 1, 1)
+        );
+        assert_eq!(short.iter().map(|p| p.requests).sum::<u64>(), 3);
+        // Past an hour, the last 60 minutes only.
+        let s = live.series(at(3 * 3600 + 30), &[RouteView::new("chat", None, 0)]);
+        let p = &s.routes[0].minutes.points;
+        assert_eq!(p.len(), LONG_SLOTS);
+        assert_eq!(p[0].start, 3 * 3600 - 59 * 60);
+        assert_eq!(p.last().unwrap().start, 3 * 3600);
+        assert!(p.iter().all(|p| p.requests == 0));
+        let json = serde_json::to_value(&s).unwrap();
+        assert_eq!(
+            json["routes"][0]["minutes"]["points"][0]["in_flight_max"],
+            serde_json::Value::Null
+        );
+    }
+
+    /// What a refresh costs: `/stats` and `/stats/series` built and encoded for 8 routes whose
+    /// rings are full (every slot of both rings holds requests of 3 models). Printed, not
+    /// asserted: the figure depends on the machine.
+    #[test]
+    fn a_refresh_costs() {
+        let live = LiveStats::new();
+        let t0 = live.started;
+        let mut g = GapSketch::default();
+        for ms in [8, 9, 10, 12, 15, 20, 30] {
+            g.add(Duration::from_millis(ms));
+        }
+        let good = Verdict::Good;
+        let routes: Vec<RouteView> = (0..8)
+            .map(|i| RouteView::new(&format!("route-{i}"), None, 3))
+            .collect();
+        for slot in 0..360u64 {
+            let at = t0 + Duration::from_secs(slot * 10 + 5);
+            for r in &routes {
+                for k in 0..6u64 {
+                    let ttft = 50 + (slot * 7 + k * 131) % 900;
+                    let model = ["a", "b", "c"][(k % 3) as usize];
+                    live.record(at, &r.name, &sample_of(model, Some(&good), ttft, 4, &g));
+                }
+            }
+        }
+        let now = t0 + Duration::from_secs(3600);
+        let runs = 5;
+        let time = |f: &dyn Fn() -> usize| {
+            let start = std::time::SystemTime::now();
+            let mut bytes = 0;
+            for _ in 0..runs {
+                bytes = f();
+            }
+            let spent = start.elapsed().unwrap_or_default() / runs;
+            (spent, bytes)
+        };
+        let (stats, stats_bytes) = time(&|| {
+            serde_json::to_vec(&live.snapshot(now, &routes))
+                .unwrap()
+                .len()
+        });
+        let (series, series_bytes) = time(&|| {
+            serde_json::to_vec(&live.series(now, &routes))
+                .unwrap()
+                .len()
+        });
+        eprintln!(
+            "a refresh, 8 routes with full rings: /stats {stats:?} ({stats_bytes} bytes), \
+             /stats/series {series:?} ({series_bytes} bytes)"
+        );
+        assert!(stats_bytes > 0 && series_bytes > 0);
+    }
+
+    /// A model row's worst case stays within `WORST_CASE_BYTES_PER_MODEL`.
+    #[tokio::test(start_paused = true)]
+    async fn a_model_row_never_holds_more_than_the_worst_case() {
+        let live = LiveStats::new();
+        let t0 = Instant::now();
+        let g = GapSketch::default();
+        for minute in 0..LONG_SLOTS as u64 {
+            let at = t0 + Duration::from_secs(minute * 60);
+            for d in [Duration::from_nanos(1), Duration::from_secs(1 << 20)] {
+                let s = Sample {
+                    ttft: Some(d),
+                    tpot: Some(d),
+                    e2e: d,
+                    ..sample_of("m", None, 1, 1, &g)
+                };
+                live.record(at, "chat", &s);
+            }
+        }
+        let bytes = live.model_bytes_held();
+        assert!(bytes <= WORST_CASE_BYTES_PER_MODEL, "{bytes}");
+        assert!(bytes > WORST_CASE_BYTES_PER_MODEL * 9 / 10, "{bytes}");
+        eprintln!("worst case per model row: {WORST_CASE_BYTES_PER_MODEL} bytes, filled: {bytes}");
+    }
+
     #[test]
     fn the_page_is_self_contained() {
-        assert!(PAGE.contains("/stats"));
+        assert!(PAGE.contains("/stats") && PAGE.contains("/stats/series"));
         for external in ["http://", "https://", "//cdn", "<link"] {
             assert!(!PAGE.contains(external), "{external}");
         }

@@ -1,9 +1,11 @@
 //! The live view's time rings: fixed rings of 10-second and 1-minute slots, each slot a tally of
-//! counters and sketches, and the routes' pairs of rings.
+//! counters, sketches and the highest in-flight level seen, the routes' pairs of rings and their
+//! models' 1-minute rings.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use super::sketch::{Sketch, N_KEYS};
+use super::sketch::{key, Sketch, N_KEYS};
 use super::Sample;
 use crate::policy::outcome::Outcome;
 use crate::policy::slo::{Criterion, Verdict};
@@ -27,6 +29,62 @@ pub(crate) const WORST_CASE_BYTES_PER_ROUTE: usize = std::mem::size_of::<RouteRi
     + (SHORT_SLOTS + LONG_SLOTS) * (std::mem::size_of::<Slot>() + 4 * N_KEYS * 4);
 // The module doc promises 1.76 MiB; a change of layout that breaks 2 MiB must say so there.
 const _: () = assert!(WORST_CASE_BYTES_PER_ROUTE < 2 << 20);
+// And under 1 MiB for a model row.
+const _: () = assert!(WORST_CASE_BYTES_PER_MODEL < 1 << 20);
+
+/// A model's ring: the long ring only, with ITL left out, so a model row costs about a third
+/// of a route's rings (see the module doc for the bound).
+pub(super) const MODEL_WINDOW_5M_SLOTS: u64 = 5;
+
+/// The worst-case bytes one model's ring can hold: every slot's three sketches spanning every
+/// bucket (its ITL sketch is never filled).
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) const WORST_CASE_BYTES_PER_MODEL: usize =
+    std::mem::size_of::<ModelRings>() + LONG_SLOTS * (std::mem::size_of::<Slot>() + 3 * N_KEYS * 4);
+
+/// A duration's bucket, found once per request and added to both the route's and the model's
+/// tallies, so the model split adds no logarithm to a request's cost.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Bucket {
+    Zero,
+    Key(i32),
+}
+
+impl Bucket {
+    pub(super) fn of(d: Duration) -> Bucket {
+        let secs = d.as_secs_f64();
+        if secs == 0.0 {
+            Bucket::Zero
+        } else {
+            Bucket::Key(key(secs))
+        }
+    }
+
+    fn put(self, s: &mut Sketch) {
+        match self {
+            Bucket::Zero => s.add_zeros(1),
+            Bucket::Key(k) => s.add_key(k, 1),
+        }
+    }
+}
+
+/// A request's durations as buckets.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Buckets {
+    pub(super) ttft: Option<Bucket>,
+    pub(super) tpot: Option<Bucket>,
+    pub(super) e2e: Bucket,
+}
+
+impl Buckets {
+    pub(super) fn of(s: &Sample<'_>) -> Buckets {
+        Buckets {
+            ttft: s.ttft.map(Bucket::of),
+            tpot: s.tpot.map(Bucket::of),
+            e2e: Bucket::of(s.e2e),
+        }
+    }
+}
 
 /// What one slot holds: counters and four sketches.
 #[derive(Debug, Default)]
@@ -47,6 +105,10 @@ pub(super) struct Tally {
     pub(super) tpot: Sketch,
     pub(super) itl: Sketch,
     pub(super) e2e: Sketch,
+    /// The highest in-flight level seen in the slot: at each finish (the route's level just
+    /// before the finishing request left it) and at each `/stats` read. `None`: no finish and
+    /// no read in the slot, so nothing is known.
+    pub(super) in_flight_max: Option<i64>,
 }
 
 pub(super) fn outcome_index(o: Outcome) -> usize {
@@ -59,7 +121,8 @@ pub(super) fn outcome_index(o: Outcome) -> usize {
 }
 
 impl Tally {
-    pub(super) fn add(&mut self, s: &Sample<'_>) {
+    /// Adds one finished request; `with_itl`: also its gaps (a model's tally leaves them out).
+    pub(super) fn add(&mut self, s: &Sample<'_>, b: &Buckets, with_itl: bool) {
         self.requests += 1;
         self.outcomes[outcome_index(s.outcome)] += 1;
         if let Some(p) = s.prompt_tokens {
@@ -82,14 +145,24 @@ impl Tally {
             }
             Some(Verdict::Excluded) | None => {}
         }
-        if let Some(d) = s.ttft {
-            self.ttft.add(d);
+        if let Some(k) = b.ttft {
+            k.put(&mut self.ttft);
         }
-        if let Some(d) = s.tpot {
-            self.tpot.add(d);
+        if let Some(k) = b.tpot {
+            k.put(&mut self.tpot);
         }
-        self.e2e.add(s.e2e);
-        self.itl.merge(&s.itl.0);
+        b.e2e.put(&mut self.e2e);
+        if with_itl {
+            self.itl.merge(&s.itl.0);
+        }
+        if let Some(level) = s.in_flight {
+            self.note_in_flight(level);
+        }
+    }
+
+    /// An in-flight level seen during the slot.
+    pub(super) fn note_in_flight(&mut self, level: i64) {
+        self.in_flight_max = Some(self.in_flight_max.map_or(level, |m| m.max(level)));
     }
 
     /// Empties the tally for reuse, keeping the sketches' storage.
@@ -173,6 +246,12 @@ impl Ring {
             .map(|s| &s.tally)
     }
 
+    /// The slot numbered `n`, if this ring holds it.
+    pub(super) fn slot(&self, n: u64) -> Option<&Tally> {
+        let slot = &self.slots[(n % self.slots.len() as u64) as usize];
+        (slot.number == n).then_some(&slot.tally)
+    }
+
     /// The time window `k` slots cover at `elapsed`: from the start of slot `cur − k + 1`, or
     /// from the process's start when it is younger.
     pub(super) fn covered(&self, elapsed: Duration, k: u64) -> Duration {
@@ -198,6 +277,36 @@ pub(super) struct RouteRings {
     pub(super) last_long_slot: u64,
     pub(super) short: Ring,
     pub(super) long: Ring,
+    /// The route's split by model label, bounded in total by `MAX_MODEL_ROWS`.
+    pub(super) models: Vec<ModelRings>,
+}
+
+/// One model's ring within a route.
+#[derive(Debug)]
+pub(super) struct ModelRings {
+    /// The model's label in `/metrics` (already bounded there: named, `other` or `unknown`).
+    pub(super) name: Arc<str>,
+    pub(super) last_long_slot: u64,
+    pub(super) long: Ring,
+}
+
+impl ModelRings {
+    pub(super) fn new(name: &Arc<str>) -> ModelRings {
+        ModelRings {
+            name: name.clone(),
+            last_long_slot: 0,
+            long: Ring::new(LONG_SLOT_SECS, LONG_SLOTS),
+        }
+    }
+
+    pub(super) fn seen_within_hour(&self, cur: u64) -> bool {
+        self.last_long_slot + LONG_SLOTS as u64 > cur
+    }
+
+    /// Whether it is the ring of `model`: the same label, usually the very same allocation.
+    pub(super) fn is(&self, model: &Arc<str>) -> bool {
+        Arc::ptr_eq(&self.name, model) || *self.name == **model
+    }
 }
 
 impl RouteRings {
@@ -207,6 +316,7 @@ impl RouteRings {
             last_long_slot: 0,
             short: Ring::new(SHORT_SLOT_SECS, SHORT_SLOTS),
             long: Ring::new(LONG_SLOT_SECS, LONG_SLOTS),
+            models: Vec::new(),
         }
     }
 
