@@ -66,7 +66,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 mod ring;
-mod sketch;
+pub(crate) mod sketch;
 
 use crate::policy::outcome::Outcome;
 use crate::policy::slo::Verdict;
