@@ -2,7 +2,7 @@
 //! distribution's p50/p95/p99 ([`Spread`]), and the bounded sketch a distribution is gathered in
 //! while the records stream past ([`Quantiles`]).
 //!
-//! [`Quantiles`] is the live view's DDSketch (`publish::live::sketch`), so a report's percentile
+//! [`Quantiles`] is the live view's DDSketch (`crate::sketch`), so a report's percentile
 //! and the live view's agree by construction: every quantile it answers is within the sketch's
 //! relative accuracy α ([`RELATIVE_ACCURACY`], 1 %) of the exact one (numpy's linear
 //! interpolation between the two order statistics it blends, each read within α), and its size
@@ -11,9 +11,9 @@
 
 use serde::Serialize;
 
-use crate::publish::live::sketch::{bucket_value, Merged, Sketch, MIN_KEY};
+use crate::sketch::{bucket_value, Merged, Sketch, MIN_KEY};
 
-pub(crate) use crate::publish::live::sketch::RELATIVE_ACCURACY;
+pub(crate) use crate::sketch::RELATIVE_ACCURACY;
 
 /// The sketch keeps durations in seconds from 1e-6 to 1e5; a value `v` (milliseconds, tokens, a
 /// share) is kept as `v × SCALE` "seconds", so values from 0.001 to 10^8 are told apart within
