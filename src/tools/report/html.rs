@@ -604,11 +604,14 @@ fn bend_svg(b: &Bend, title: &str, slo: Option<&SloShown>) -> Result<(String, Ve
     Ok((svg, keys))
 }
 
+/// One of an SLO's thresholds, in ms.
+type Threshold = fn(&SloShown) -> Option<f64>;
+
 /// The SLO thresholds `wanted` that `slo` sets: `(name, ms, dash length)`, a different dash
 /// for each so that two lines on one plot are told apart without colour.
 fn slo_lines(
     slo: Option<&SloShown>,
-    wanted: &[(&'static str, fn(&SloShown) -> Option<f64>)],
+    wanted: &[(&'static str, Threshold)],
 ) -> Vec<(&'static str, f64, u32)> {
     let Some(slo) = slo else { return Vec::new() };
     wanted
