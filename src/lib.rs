@@ -39,6 +39,9 @@ pub use parse::{
     StreamSummary, MAX_EVENT_TYPE_BYTES,
 };
 pub use proxy::{accept, start, Overrides, Reloaded, Running, StartError};
+/// The live view's percentile sketch, for `report` to summarise records in bounded memory with
+/// the same accuracy (crate-internal: not part of the public API).
+pub(crate) use publish::live::sketch;
 pub use publish::live::PAGE as LIVE_PAGE;
 /// The per-request record's columns, in order (the CSV header).
 pub use publish::record::COLUMNS as RECORD_COLUMNS;

@@ -260,6 +260,7 @@ fn the_json_shape_is_the_documented_one() {
             "files",
             "records",
             "malformed",
+            "percentile_relative_error",
             "start",
             "end",
             "span_s",
@@ -267,9 +268,12 @@ fn the_json_shape_is_the_documented_one() {
             "groups",
             "bend_total",
             "pods",
-            "slowest"
+            "slowest",
+            "failures"
         ])
     );
+    assert_eq!(r["percentile_relative_error"], 0.01);
+    assert_eq!(keys(&r["failures"]), sorted(&["count", "reasons"]));
     assert_eq!(r["by_deployment"], false);
     assert_eq!(r["pods"], serde_json::json!([]), "no record names a pod");
     assert_eq!(
@@ -295,9 +299,26 @@ fn the_json_shape_is_the_documented_one() {
             "good",
             "violated",
             "goodput_per_s",
+            "active_s",
+            "goodput_per_active_s",
             "attainment",
             "slo",
-            "bend"
+            "bend",
+            "timeline"
+        ])
+    );
+    assert_eq!(keys(&g["timeline"]), sorted(&["bucket_s", "points"]));
+    assert_eq!(
+        keys(&g["timeline"]["points"][0]),
+        sorted(&[
+            "start",
+            "at_s",
+            "requests",
+            "errors",
+            "ttft_p50_ms",
+            "ttft_p99_ms",
+            "e2e_p50_ms",
+            "e2e_p99_ms"
         ])
     );
     assert_eq!(keys(&g["ttft_ms"]), sorted(&["p50", "p95", "p99"]));
@@ -533,11 +554,11 @@ fn a_fleets_records_are_split_by_deployment_and_name_the_slow_pod() {
     assert_eq!(
         sections,
         [
-            (None, 30),
             (Some("inference/chat"), 600),
-            (Some("inference/code"), 400)
+            (Some("inference/code"), 400),
+            (None, 30)
         ],
-        "one section per deployment; the old records apart"
+        "one section per deployment, the old records apart; worst attainment first"
     );
 
     let chat = pods_of(&r, Some("inference/chat"));
@@ -756,8 +777,8 @@ fn the_html_page_is_self_contained_and_renders_in_a_browser() {
     }
     assert_eq!(
         lower.matches("<svg").count(),
-        2,
-        "the bend plot and the TTFT histogram"
+        3,
+        "the bend plot, the TTFT histogram and the timeline"
     );
 
     let url = format!("file://{}", page.display());
@@ -765,8 +786,27 @@ fn the_html_page_is_self_contained_and_renders_in_a_browser() {
     assert!(dom.contains("</html>"), "{dom}");
     assert_eq!(
         dom.matches("<svg").count(),
-        2,
-        "the browser kept both plots"
+        3,
+        "the browser kept every plot"
+    );
+    // Every plot draws the route's TTFT SLO (from --config) and names it under the plot.
+    assert_eq!(
+        dom.matches("TTFT SLO 1000 ms").count(),
+        3,
+        "the SLO on every plot"
+    );
+    assert!(dom.contains("latency over time"), "the timeline");
+    let summary = dom
+        .find("Summary, worst first")
+        .expect("the summary on top");
+    assert!(
+        summary < dom.find("Percentiles").expect("a group's tables"),
+        "the summary leads"
+    );
+    // Queued requests push p99 TTFT past the 1 s SLO: the figure is marked.
+    assert!(
+        dom.contains("class=\"over\""),
+        "a figure past its SLO is marked"
     );
     assert!(
         dom.contains("past 2 in flight on the route"),
@@ -790,4 +830,289 @@ fn the_html_page_is_self_contained_and_renders_in_a_browser() {
         "the screenshot looks empty: {} bytes",
         png.len()
     );
+}
+
+/// numpy's linear interpolation over sorted values.
+fn exact_percentile(sorted: &[f64], p: f64) -> f64 {
+    let h = p / 100.0 * (sorted.len() - 1) as f64;
+    let (lo, hi) = (h.floor() as usize, h.ceil() as usize);
+    sorted[lo] + (h - lo as f64) * (sorted[hi] - sorted[lo])
+}
+
+/// Within the sketch's stated relative error (1 %), plus the thousandth the JSON rounds to.
+fn assert_within(what: &str, got: &Value, want: f64) {
+    let got = got
+        .as_f64()
+        .unwrap_or_else(|| panic!("{what}: no figure, wanted {want}"));
+    assert!(
+        (got - want).abs() <= 0.01 * want.abs() + 0.0015,
+        "{what}: {got} against exactly {want}"
+    );
+}
+
+/// A generated day of two routes, folded by the streaming report, against the same figures
+/// computed here exactly from every record: percentiles within the sketch's 1 %, counts, sums,
+/// attainment, goodput, the levels' requests and output tokens/s, the slowest requests and the
+/// failures exactly.
+#[test]
+fn streamed_figures_match_the_exact_ones_within_the_sketchs_error() {
+    let dir = TempDir::new();
+    let mut rng = fastrand::Rng::with_seed(38);
+    let mut records = Vec::new();
+    let reasons = ["upstream_reset", "upstream_timeout", "upstream_unreachable"];
+    for i in 0..20_000u64 {
+        let route = if i % 3 == 0 { "batch" } else { "chat" };
+        let in_flight = rng.i64(1..=40);
+        let queued = (in_flight - 8).max(0) as f64 * 120.0;
+        let ttft = 40.0 + rng.f64() * 60.0 + queued;
+        let output = rng.u64(1..=600);
+        let tpot = 15.0 + rng.f64() * 20.0;
+        let e2e = ((ttft + tpot * output as f64) * 1000.0).round() / 1000.0;
+        let ok = i % 97 != 0;
+        let ts = humantime::format_rfc3339_millis(
+            std::time::UNIX_EPOCH + Duration::from_millis(1_772_359_200_000 + 4_000 * i),
+        )
+        .to_string();
+        let mut r = serde_json::json!({
+            "ts": ts,
+            "request_id": format!("r{i}"),
+            "route": route,
+            "model": "m",
+            "outcome": if ok { "ok" } else { "error" },
+            "status": if ok { 200 } else { 502 },
+            "slo": if !ok || ttft > 1000.0 { "violated" } else { "good" },
+            "prompt_tokens": rng.u64(10..=4000),
+            "output_tokens": output,
+            "ttft_ms": (ttft * 1000.0).round() / 1000.0,
+            "tpot_ms": (tpot * 1000.0).round() / 1000.0,
+            "e2e_ms": e2e,
+            "in_flight": in_flight,
+            "in_flight_total": in_flight * 2,
+        });
+        if !ok {
+            r["reason"] = reasons[(i % 3) as usize].into();
+        }
+        records.push(r);
+    }
+    let path = dir.path().join("day.jsonl");
+    write_records(&path, &records);
+    let r = json(&[&path.display().to_string(), "--slowest", "25"]);
+    assert_eq!(r["records"], 20_000);
+
+    let number = |v: &Value| v.as_f64().expect("a number");
+    for g in r["groups"].as_array().expect("groups") {
+        let route = g["route"].as_str().unwrap();
+        let mine: Vec<&Value> = records.iter().filter(|x| x["route"] == route).collect();
+        let ok: Vec<&Value> = mine
+            .iter()
+            .copied()
+            .filter(|x| x["outcome"] == "ok")
+            .collect();
+        assert_eq!(g["requests"], mine.len());
+        assert_eq!(g["errors"], mine.len() - ok.len());
+        let good = mine.iter().filter(|x| x["slo"] == "good").count();
+        assert_eq!(g["good"], good);
+        for field in [
+            "ttft_ms",
+            "tpot_ms",
+            "e2e_ms",
+            "prompt_tokens",
+            "output_tokens",
+        ] {
+            let mut values: Vec<f64> = ok.iter().map(|x| number(&x[field])).collect();
+            values.sort_by(f64::total_cmp);
+            for p in [50.0, 95.0, 99.0] {
+                assert_within(
+                    &format!("{route} {field} p{p}"),
+                    &g[field][format!("p{p}")],
+                    exact_percentile(&values, p),
+                );
+            }
+        }
+        // Goodput over the group's own active time, first request to the end of its last.
+        let at = |x: &Value| {
+            humantime::parse_rfc3339_weak(x["ts"].as_str().unwrap())
+                .unwrap()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs_f64()
+        };
+        let first = mine.iter().map(|x| at(x)).fold(f64::INFINITY, f64::min);
+        let last = mine
+            .iter()
+            .map(|x| at(x) + number(&x["e2e_ms"]) / 1000.0)
+            .fold(f64::NEG_INFINITY, f64::max);
+        assert_within(
+            &format!("{route} goodput"),
+            &g["goodput_per_active_s"],
+            good as f64 / (last - first),
+        );
+        // Every level: its requests and output tokens/s exactly, its TTFT within 1 %.
+        for level in g["bend"]["levels"].as_array().expect("levels") {
+            let (low, high) = (number(&level["low"]), number(&level["high"]));
+            let at_level: Vec<&&Value> = ok
+                .iter()
+                .filter(|x| (low..=high).contains(&number(&x["in_flight"])))
+                .collect();
+            assert_eq!(level["requests"], at_level.len(), "{level}");
+            let mut ttft: Vec<f64> = at_level.iter().map(|x| number(&x["ttft_ms"])).collect();
+            ttft.sort_by(f64::total_cmp);
+            assert_within(
+                "level TTFT p99",
+                &level["ttft_p99_ms"],
+                exact_percentile(&ttft, 99.0),
+            );
+            let n = at_level.len() as f64;
+            let concurrency = at_level
+                .iter()
+                .map(|x| number(&x["in_flight"]))
+                .sum::<f64>()
+                / n;
+            let tokens: f64 = at_level.iter().map(|x| number(&x["output_tokens"])).sum();
+            let seconds: f64 = at_level.iter().map(|x| number(&x["e2e_ms"])).sum::<f64>() / 1000.0;
+            let tps = number(&level["output_tokens_per_s"]);
+            assert!(
+                (tps - concurrency * tokens / seconds).abs() < 0.002,
+                "{tps} against {}",
+                concurrency * tokens / seconds
+            );
+        }
+    }
+    // The slowest, exactly.
+    let mut e2e: Vec<f64> = records.iter().map(|x| number(&x["e2e_ms"])).collect();
+    e2e.sort_by(|a, b| b.total_cmp(a));
+    let slowest: Vec<f64> = r["slowest"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| number(&s["e2e_ms"]))
+        .collect();
+    assert_eq!(slowest, e2e[..25]);
+    // The failures by reason, with the first of each as read.
+    let failed: Vec<&Value> = records.iter().filter(|x| x["outcome"] != "ok").collect();
+    assert_eq!(r["failures"]["count"], failed.len());
+    let reasons_seen = r["failures"]["reasons"].as_array().expect("reasons");
+    assert_eq!(reasons_seen.len(), 3);
+    for reason in reasons_seen {
+        let words = reason["reason"].as_str().unwrap();
+        let of_it: Vec<&&Value> = failed
+            .iter()
+            .filter(|x| {
+                words
+                    == format!(
+                        "outcome error, status 502, {}",
+                        x["reason"].as_str().unwrap()
+                    )
+            })
+            .collect();
+        assert_eq!(reason["count"], of_it.len(), "{words}");
+        let first: Vec<&str> = reason["first"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x["request_id"].as_str().unwrap())
+            .collect();
+        let want: Vec<&str> = of_it
+            .iter()
+            .take(5)
+            .map(|x| x["request_id"].as_str().unwrap())
+            .collect();
+        assert_eq!(first, want);
+    }
+}
+
+/// A route that ran for a minute of an hour, all good, and a route that ran all hour with a
+/// fifth of its requests violating: the violating route leads the summary, the short route's
+/// goodput is its rate while it ran, and the failures are listed with their reasons.
+#[test]
+fn the_report_leads_with_the_worst_route_and_its_failures() {
+    let dir = TempDir::new();
+    let mut records = Vec::new();
+    for i in 0..60u64 {
+        let mut r = record(i as usize, None, "short", 200.0, false);
+        r["ts"] = humantime::format_rfc3339_millis(
+            std::time::UNIX_EPOCH + Duration::from_millis(1_772_359_200_000 + 1_000 * i),
+        )
+        .to_string()
+        .into();
+        records.push(r);
+    }
+    for i in 0..360u64 {
+        let mut r = record(i as usize, None, "long", 300.0, i % 5 == 0);
+        r["ts"] = humantime::format_rfc3339_millis(
+            std::time::UNIX_EPOCH + Duration::from_millis(1_772_359_200_000 + 10_000 * i),
+        )
+        .to_string()
+        .into();
+        if i % 10 == 0 {
+            r["outcome"] = "error".into();
+            r["status"] = 502.into();
+            r["reason"] = "upstream_reset".into();
+        }
+        records.push(r);
+    }
+    let path = dir.path().join("hour.jsonl");
+    write_records(&path, &records);
+    let arg = path.display().to_string();
+    let r = json(&[&arg]);
+    let routes: Vec<&str> = r["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["route"].as_str().unwrap())
+        .collect();
+    assert_eq!(routes, ["long", "short"], "worst attainment first");
+    let short = &r["groups"][1];
+    // 60 good requests from 0 s to 59.2 s: about one a second, not a sixtieth of that.
+    let active = short["active_s"].as_f64().unwrap();
+    assert!((active - 59.2).abs() < 0.01, "{active}");
+    assert_within("goodput", &short["goodput_per_active_s"], 60.0 / 59.2);
+    assert!(
+        short["goodput_per_s"].as_f64().unwrap() < 0.1,
+        "over the whole span"
+    );
+    assert_eq!(r["failures"]["count"], 36);
+    assert_eq!(
+        r["failures"]["reasons"][0]["reason"],
+        "outcome error, status 502, upstream_reset"
+    );
+
+    let text = stdout(&report(&[&arg]));
+    let summary = text.find("summary, worst first").expect("a summary");
+    let failures = text
+        .find("36 failed requests (outcome not ok), by reason:")
+        .expect("the failures");
+    let first_section = text
+        .find("long / llama-3.1-8b: 360 requests")
+        .expect("a section");
+    assert!(summary < failures && failures < first_section, "{text}");
+    assert!(
+        text.contains("outcome error, status 502, upstream_reset"),
+        "{text}"
+    );
+    assert!(text.contains("over its 59.2 s of activity"), "{text}");
+}
+
+/// The demo's bench.csv (what `tokenmeter bench --csv` writes) is not a record file: the report
+/// says so in one line, and what it reads, instead of a parse error about a cell.
+#[test]
+fn a_bench_csv_is_named_for_what_it_is() {
+    let dir = TempDir::new();
+    let bench = dir.path().join("bench.csv");
+    std::fs::write(
+        &bench,
+        "request_id,concurrency,prompt_tokens,output_tokens,ttft_ms,tpot_ms,total_ms,status,error,max_itl_ms,token_source,rate,max_tokens,start_ms,target\n\
+         0,1,12,64,80.100,20.200,1400.500,200,,30.000,usage,,64,0.000,a\n",
+    )
+    .expect("write");
+    let out = report(&[&bench.display().to_string()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("looks like a `tokenmeter bench` CSV")
+            && err.contains("reads the per-request records the proxy writes"),
+        "{err}"
+    );
+    assert!(!err.contains("invalid digit"), "{err}");
 }

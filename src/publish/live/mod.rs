@@ -128,7 +128,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 mod ring;
-mod sketch;
+pub(crate) mod sketch;
 
 use crate::config::Slo;
 use crate::policy::outcome::Outcome;

@@ -14,7 +14,7 @@ pub(super) const LN_GAMMA: f64 = 0.020_000_666_706_669_525;
 pub(super) const MIN_SECS: f64 = 1e-6;
 pub(super) const MAX_SECS: f64 = 1e5;
 /// `key(MIN_SECS)` and `key(MAX_SECS)`; a test checks them.
-pub(super) const MIN_KEY: i32 = -690;
+pub(crate) const MIN_KEY: i32 = -690;
 pub(super) const MAX_KEY: i32 = 576;
 /// How many buckets a sketch can ever hold.
 pub(super) const N_KEYS: usize = (MAX_KEY - MIN_KEY + 1) as usize;
@@ -42,7 +42,7 @@ pub(super) fn key(secs: f64) -> i32 {
 
 /// The value reported for bucket `k`, which holds `(γ^(k−1), γ^k]`: `(1−α)·γ^k`, within α
 /// of every value in the bucket (`2γ^k/(γ+1)` simplified).
-pub(super) fn bucket_value(k: i32) -> f64 {
+pub(crate) fn bucket_value(k: i32) -> f64 {
     (1.0 - RELATIVE_ACCURACY) * (f64::from(k) * LN_GAMMA).exp()
 }
 
@@ -50,11 +50,11 @@ pub(super) fn bucket_value(k: i32) -> f64 {
 /// count per bucket over the contiguous range of buckets seen so far, plus a count of zeros.
 /// Its storage never holds more than [`N_KEYS`] counts.
 #[derive(Debug, Clone, Default)]
-pub(super) struct Sketch {
-    pub(super) zeros: u32,
+pub(crate) struct Sketch {
+    pub(crate) zeros: u32,
     /// The key of `counts[0]`.
-    pub(super) first_key: i32,
-    pub(super) counts: Vec<u32>,
+    pub(crate) first_key: i32,
+    pub(crate) counts: Vec<u32>,
 }
 
 impl Sketch {
@@ -67,7 +67,7 @@ impl Sketch {
 
     /// [`Sketch::add`] of a duration already in seconds (not negative).
     #[inline]
-    pub(super) fn add_secs(&mut self, secs: f64) {
+    pub(crate) fn add_secs(&mut self, secs: f64) {
         if secs == 0.0 {
             self.add_zeros(1);
         } else {
@@ -158,7 +158,7 @@ impl Sketch {
     }
 
     /// Adds everything `other` holds.
-    pub(super) fn merge(&mut self, other: &Sketch) {
+    pub(crate) fn merge(&mut self, other: &Sketch) {
         self.add_zeros(other.zeros);
         let Some(lo) = other.counts.iter().position(|c| *c > 0) else {
             return;
@@ -188,15 +188,15 @@ impl Sketch {
 /// Sketches merged for one query, with `u64` counts over the whole key range (an hour of a
 /// busy route can exceed `u32` in one bucket).
 #[derive(Debug, Clone, Default)]
-pub(super) struct Merged {
-    pub(super) zeros: u64,
+pub(crate) struct Merged {
+    pub(crate) zeros: u64,
     /// Indexed by `key − MIN_KEY`; empty until something non-empty is merged.
-    pub(super) counts: Vec<u64>,
-    pub(super) total: u64,
+    pub(crate) counts: Vec<u64>,
+    pub(crate) total: u64,
 }
 
 impl Merged {
-    pub(super) fn add(&mut self, s: &Sketch) {
+    pub(crate) fn add(&mut self, s: &Sketch) {
         self.zeros += u64::from(s.zeros);
         self.total += u64::from(s.zeros);
         if s.counts.iter().all(|c| *c == 0) {
@@ -213,7 +213,7 @@ impl Merged {
     }
 
     /// The value (seconds) of the sample at 0-based rank `r` in sorted order, within α.
-    pub(super) fn at_rank(&self, r: u64) -> f64 {
+    pub(crate) fn at_rank(&self, r: u64) -> f64 {
         if r < self.zeros {
             return 0.0;
         }
@@ -234,7 +234,7 @@ impl Merged {
 
     /// The p-quantile (seconds) by numpy's linear interpolation between the two order
     /// statistics it blends, each read from its bucket; `None` without samples.
-    pub(super) fn quantile(&self, p: f64) -> Option<f64> {
+    pub(crate) fn quantile(&self, p: f64) -> Option<f64> {
         if self.total == 0 {
             return None;
         }

@@ -5,10 +5,13 @@
 //!
 //! "The route" here is the record's route and model: a route serving two models has two
 //! typical speeds.
+//!
+//! This module reads only a record and its route's [`Baseline`]; the analysis builds the
+//! baseline and calls it, never the other way round.
 
 use serde::Serialize;
 
-use super::analyze::Spread;
+use super::figures::{ms, Spread};
 use super::read::{Fields, Request};
 
 /// A queue is a cause when it took at least this long ...
@@ -71,52 +74,6 @@ pub struct Baseline {
     pub cached_share_p50: Option<f64>,
 }
 
-impl Baseline {
-    /// The baseline of one route and model's requests, given where its bend is.
-    pub fn of(requests: &[&Request], knee: Option<u64>) -> Baseline {
-        let ok: Vec<&Fields> = requests
-            .iter()
-            .filter(|r| r.ok())
-            .map(|r| &r.fields)
-            .collect();
-        let values = |get: fn(&Fields) -> Option<f64>| ok.iter().filter_map(move |f| get(f));
-        let unqueued_ttft = ok
-            .iter()
-            .filter(|f| match (knee, f.in_flight) {
-                (Some(k), Some(n)) => n <= k as i64,
-                _ => true,
-            })
-            .filter_map(|f| f.ttft_ms);
-        Baseline {
-            knee,
-            in_flight_p50: Spread::of(values(|f| f.in_flight.map(|n| n as f64))).p50,
-            typical_ttft: Spread::of(unqueued_ttft).p50,
-            prompt: Spread::of(values(|f| f.prompt_tokens.map(|n| n as f64))),
-            output: Spread::of(values(|f| f.output_tokens.map(|n| n as f64))),
-            tpot: Spread::of(values(|f| f.tpot_ms)),
-            prefill: Spread::of(values(|f| f.engine_prefill_ms)),
-            proxy_p50: Spread::of(values(|f| f.proxy_ms)).p50,
-            connect_p50: Spread::of(values(|f| f.connect_ms)).p50,
-            cached_share_p50: Spread::of(values(|f| {
-                let prompt = f.prompt_tokens.filter(|&p| p > 0)?;
-                Some(f.cached_tokens? as f64 / prompt as f64)
-            }))
-            .p50,
-        }
-    }
-}
-
-/// Milliseconds, to a precision that reads: 6743 ms, 27.0 ms, 0.35 ms.
-pub fn ms(value: f64) -> String {
-    if value.abs() >= 100.0 {
-        format!("{value:.0} ms")
-    } else if value.abs() >= 1.0 {
-        format!("{value:.1} ms")
-    } else {
-        format!("{value:.2} ms")
-    }
-}
-
 /// A count that may have come as a float (engine gauges): no decimals when whole.
 fn count(value: f64) -> String {
     if value.fract() == 0.0 {
@@ -158,7 +115,8 @@ pub fn explain(request: &Request, baseline: &Baseline) -> Vec<Cause> {
     found
 }
 
-fn failed(f: &Fields) -> Cause {
+/// Why a request failed, in words: its outcome, status and the proxy's reason.
+pub fn failure(f: &Fields) -> String {
     let mut parts = vec![format!(
         "outcome {}",
         f.outcome.as_deref().unwrap_or("unknown")
@@ -166,13 +124,17 @@ fn failed(f: &Fields) -> Cause {
     if let Some(status) = f.status {
         parts.push(format!("status {status}"));
     }
-    if let Some(reason) = &f.reason {
-        parts.push(reason.clone());
+    if let Some(reason) = f.reason.as_deref().filter(|r| !r.is_empty()) {
+        parts.push(reason.to_string());
     }
+    parts.join(", ")
+}
+
+fn failed(f: &Fields) -> Cause {
     Cause {
         cause: "failed",
         ms: None,
-        evidence: parts.join(", "),
+        evidence: failure(f),
     }
 }
 

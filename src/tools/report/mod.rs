@@ -5,16 +5,23 @@
 //! rule), whether the slowest requests or the violations concentrate on one pod, and why the
 //! slowest requests were slow, cause by cause with the evidence from their records.
 //!
-//! [`read`] turns files into requests and counts the lines that are not records, [`analyze`]
-//! builds the [`Report`] (whose serialized form is the `--format json` shape), [`cause`] explains
-//! one request, [`pods`] compares a deployment's pods, [`text`] prints the terminal tables and
-//! [`html`] writes the self-contained page.
+//! The records are streamed, never all held: memory is bounded by the number of routes, models,
+//! deployments and pods, whatever the number of records (see [`analyze`]).
+//!
+//! [`read`] turns files into requests one at a time and counts the lines that are not records,
+//! [`analyze`] folds them into the [`Report`] (whose serialized form is the `--format json`
+//! shape), [`cause`] explains one request, [`pods`] compares a deployment's pods, [`figures`]
+//! holds the sketches and number formats below them all, [`table`] lays out the tables that
+//! [`text`] prints for a terminal and [`html`] writes into the self-contained page. Imports go
+//! one way: writers → table → analyze → cause, pods → figures, read.
 
 pub mod analyze;
 pub mod cause;
+pub mod figures;
 pub mod html;
 pub mod pods;
 pub mod read;
+pub mod table;
 pub mod text;
 
 use std::path::PathBuf;
@@ -25,7 +32,7 @@ use clap::{Args, ValueEnum};
 use crate::tools::cli::fail;
 use crate::Config;
 pub use analyze::{build, Report};
-pub use read::{load, Loaded};
+pub use read::{stream, Loaded};
 
 /// How the report is printed on stdout.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -53,7 +60,8 @@ pub struct ReportArgs {
     /// Also write one self-contained HTML page (tables and plots, no external resources).
     #[arg(long, value_name = "FILE.html")]
     pub html: Option<PathBuf>,
-    /// The proxy's configuration, to show each route's SLO thresholds beside its figures.
+    /// The proxy's configuration: each route's SLO thresholds beside its figures, drawn on every
+    /// plot, and its objective for ranking the routes worst first.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
 }
@@ -89,13 +97,13 @@ pub fn main(args: ReportArgs) -> ExitCode {
         },
         None => None,
     };
-    let loaded = match load(&args.files) {
-        Ok(loaded) => loaded,
+    let (loaded, report) = match build(&args.files, args.slowest, config.as_ref()) {
+        Ok(built) => built,
         Err(e) => return fail(&e),
     };
-    if loaded.requests.is_empty() {
+    let Some(report) = report else {
         return fail(&nothing_to_report(&loaded));
-    }
+    };
     // Diagnostics go to stderr, so that stdout stays the report (and valid JSON).
     for source in loaded.sources.iter().filter(|s| s.records == 0) {
         match source.malformed {
@@ -116,7 +124,6 @@ pub fn main(args: ReportArgs) -> ExitCode {
             eprintln!("  ...");
         }
     }
-    let report = build(&loaded, args.slowest, config.as_ref());
     if let Some(path) = &args.html {
         if let Err(e) = std::fs::write(path, html::page(&report)) {
             return fail(&format!("cannot write {}: {e}", path.display()));

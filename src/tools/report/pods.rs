@@ -16,13 +16,21 @@
 //! "The slowest" are the slowest [`TAIL_SHARE`] of the deployment's requests by E2E, and never
 //! fewer than [`MIN_TAIL`] (all of them when there are fewer): a 1 % tail of a few hundred
 //! requests would be too few to tell anything apart.
+//!
+//! The records stream past once, so the E2E from which a request is among the slowest cannot be
+//! known while they are read. Each pod keeps its counts and an E2E sketch ([`PodTally`], bounded
+//! whatever the number of requests); at the end the deployment's sketches, added up, give the
+//! bucket that holds the threshold. A pod's requests in the buckets above it are counted exactly;
+//! the threshold's own bucket (requests within the sketch's 1 % of the threshold) is shared among
+//! the pods in proportion to how many of its requests each has there, so the counts always add up
+//! to the tail and only requests that close to the threshold can be given to the wrong pod.
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::analyze::round;
-use super::read::Request;
+use super::figures::{round, Quantiles};
+use super::read::Fields;
 
 /// The share of a deployment's requests, by E2E, that count as its slowest ...
 pub const TAIL_SHARE: f64 = 0.01;
@@ -174,39 +182,39 @@ fn concentration(
     })
 }
 
-/// The pods of one deployment's requests; `None` when no record names a pod.
-pub fn of(deployment: Option<String>, requests: &[&Request]) -> Option<Pods> {
-    let known: Vec<&Request> = requests
-        .iter()
-        .copied()
-        .filter(|r| r.fields.pod().is_some())
-        .collect();
-    if known.is_empty() {
-        return None;
-    }
-    let n = known.len();
-    let tail = ((n as f64 * TAIL_SHARE).ceil() as usize)
-        .max(MIN_TAIL)
-        .min(n);
-    let mut by_e2e = known.clone();
-    by_e2e.sort_by(|a, b| b.fields.e2e_ms.total_cmp(&a.fields.e2e_ms));
-    let slowest = &by_e2e[..tail];
+/// One pod's requests as they stream past: counts and an E2E sketch.
+#[derive(Clone, Debug, Default)]
+pub struct PodTally {
+    requests: usize,
+    judged: usize,
+    violated: usize,
+    e2e: Quantiles,
+}
 
-    let mut pods: BTreeMap<&str, Pod> = BTreeMap::new();
-    let pod_of = |r: &Request| r.fields.pod().unwrap_or_default().to_owned();
-    for r in &known {
-        let pod = pods
-            .entry(r.fields.pod().unwrap_or_default())
-            .or_insert(Pod {
-                pod: pod_of(r),
-                requests: 0,
-                share: 0.0,
-                slowest: 0,
-                judged: 0,
-                violated: 0,
-            });
+impl PodTally {
+    fn merge(&mut self, other: &PodTally) {
+        self.requests += other.requests;
+        self.judged += other.judged;
+        self.violated += other.violated;
+        self.e2e.merge(&other.e2e);
+    }
+}
+
+/// A deployment's pods as the records stream past; the records that name no pod are not
+/// counted. Its size grows with the number of pods, never with the number of requests.
+#[derive(Clone, Debug, Default)]
+pub struct Tally(BTreeMap<String, PodTally>);
+
+impl Tally {
+    pub fn add(&mut self, f: &Fields) {
+        let Some(name) = f.pod() else { return };
+        let pod = match self.0.get_mut(name) {
+            Some(pod) => pod,
+            None => self.0.entry(name.to_string()).or_default(),
+        };
         pod.requests += 1;
-        match r.fields.slo.as_deref() {
+        pod.e2e.add(f.e2e_ms);
+        match f.slo.as_deref() {
             Some("good") => pod.judged += 1,
             Some("violated") => {
                 pod.judged += 1;
@@ -215,14 +223,88 @@ pub fn of(deployment: Option<String>, requests: &[&Request]) -> Option<Pods> {
             _ => {}
         }
     }
-    for r in slowest {
-        if let Some(pod) = pods.get_mut(r.fields.pod().unwrap_or_default()) {
-            pod.slowest += 1;
+
+    pub fn merge(&mut self, other: &Tally) {
+        for (name, pod) in &other.0 {
+            self.0.entry(name.clone()).or_default().merge(pod);
         }
     }
-    let judged: usize = pods.values().map(|p| p.judged).sum();
-    let violated: usize = pods.values().map(|p| p.violated).sum();
-    let mut pods: Vec<Pod> = pods.into_values().collect();
+}
+
+/// How many of the `tail` slowest requests each pod served, from their E2E sketches, and the
+/// E2E from which a request is among them (see the module doc for how exact this is).
+fn slowest_per_pod(tally: &Tally, tail: usize) -> (Vec<usize>, Option<f64>) {
+    let slots: Vec<Vec<u64>> = tally.0.values().map(|p| p.e2e.slots()).collect();
+    let width = slots.iter().map(Vec::len).max().unwrap_or(0);
+    let total: Vec<u64> = (0..width)
+        .map(|s| slots.iter().map(|p| p.get(s).copied().unwrap_or(0)).sum())
+        .collect();
+    // The slot holding the tail's fastest request: walk down from the slowest.
+    let tail = tail as u64;
+    let mut above = 0u64;
+    let mut threshold = None;
+    for s in (0..width).rev() {
+        if above + total[s] >= tail {
+            threshold = Some(s);
+            break;
+        }
+        above += total[s];
+    }
+    let Some(at) = threshold else {
+        return (vec![0; slots.len()], None);
+    };
+    let need = tail - above;
+    let count = |p: &Vec<u64>, s: usize| p.get(s).copied().unwrap_or(0);
+    let mut counts: Vec<u64> = slots
+        .iter()
+        .map(|p| (at + 1..width).map(|s| count(p, s)).sum())
+        .collect();
+    // The threshold's slot, shared in proportion (largest remainder, first pod first on ties).
+    let in_slot: Vec<u64> = slots.iter().map(|p| count(p, at)).collect();
+    let mut given = 0u64;
+    let mut remainders: Vec<(u64, usize)> = Vec::new();
+    for (i, &c) in in_slot.iter().enumerate() {
+        let exact = u128::from(need) * u128::from(c);
+        let share = (exact / u128::from(total[at])) as u64;
+        counts[i] += share;
+        given += share;
+        remainders.push(((exact % u128::from(total[at])) as u64, i));
+    }
+    remainders.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    for &(_, i) in remainders.iter().take((need - given) as usize) {
+        counts[i] += 1;
+    }
+    (
+        counts.into_iter().map(|c| c as usize).collect(),
+        Some(round(Quantiles::slot_value(at))),
+    )
+}
+
+/// The pods of one deployment's requests; `None` when no record names a pod.
+pub fn of(deployment: Option<String>, tally: &Tally) -> Option<Pods> {
+    let n: usize = tally.0.values().map(|p| p.requests).sum();
+    if n == 0 {
+        return None;
+    }
+    let tail = ((n as f64 * TAIL_SHARE).ceil() as usize)
+        .max(MIN_TAIL)
+        .min(n);
+    let (slowest, slowest_from_ms) = slowest_per_pod(tally, tail);
+    let mut pods: Vec<Pod> = tally
+        .0
+        .iter()
+        .zip(slowest)
+        .map(|((name, p), slowest)| Pod {
+            pod: name.clone(),
+            requests: p.requests,
+            share: 0.0,
+            slowest,
+            judged: p.judged,
+            violated: p.violated,
+        })
+        .collect();
+    let judged: usize = pods.iter().map(|p| p.judged).sum();
+    let violated: usize = pods.iter().map(|p| p.violated).sum();
     for p in &mut pods {
         p.share = round(p.requests as f64 / n as f64);
     }
@@ -272,7 +354,7 @@ pub fn of(deployment: Option<String>, requests: &[&Request]) -> Option<Pods> {
         deployment,
         requests: n,
         slowest: tail,
-        slowest_from_ms: slowest.last().map(|r| r.fields.e2e_ms),
+        slowest_from_ms,
         judged,
         violated,
         pods,
@@ -304,24 +386,25 @@ mod tests {
         assert!(p.is_finite() && p < 1e-100 || p == 0.0, "{p}");
     }
 
-    fn request(pod: &str, e2e_ms: f64, slo: &str) -> Request {
-        Request {
-            file: 0,
-            line: 1,
-            at: 0.0,
-            fields: Fields {
-                ts: "2026-01-01T00:00:00Z".into(),
-                route: "chat".into(),
-                e2e_ms,
-                pod: Some(pod.into()),
-                slo: Some(slo.into()),
-                ..Fields::default()
-            },
+    fn request(pod: &str, e2e_ms: f64, slo: &str) -> Fields {
+        Fields {
+            ts: "2026-01-01T00:00:00Z".into(),
+            route: "chat".into(),
+            e2e_ms,
+            pod: Some(pod.into()),
+            slo: Some(slo.into()),
+            ..Fields::default()
         }
     }
 
+    fn tally(requests: &[Fields]) -> Tally {
+        let mut tally = Tally::default();
+        requests.iter().for_each(|f| tally.add(f));
+        tally
+    }
+
     /// Four pods; `slow` pods serve every request they get at 3x the others' E2E and violate.
-    fn fleet(slow: &[&str], n: usize) -> Vec<Request> {
+    fn fleet(slow: &[&str], n: usize) -> Vec<Fields> {
         let names = ["a", "b", "c", "d"];
         (0..n)
             .map(|i| {
@@ -339,8 +422,7 @@ mod tests {
     #[test]
     fn a_slow_pod_is_named_for_the_slowest_and_the_violations() {
         let requests = fleet(&["c"], 400);
-        let refs: Vec<&Request> = requests.iter().collect();
-        let pods = of(Some("llm".into()), &refs).unwrap();
+        let pods = of(Some("llm".into()), &tally(&requests)).unwrap();
         assert_eq!(pods.slowest, MIN_TAIL);
         let named: Vec<(&str, &str)> = pods
             .concentrated
@@ -359,7 +441,7 @@ mod tests {
     fn slowness_spread_over_the_pods_names_none() {
         // Every 7th request is slow, whichever pod served it (7 shares no factor with the 4
         // pods the requests go round).
-        let requests: Vec<Request> = (0..400)
+        let requests: Vec<Fields> = (0..400)
             .map(|i| {
                 let pod = ["a", "b", "c", "d"][i % 4];
                 let e2e = if i % 7 == 0 { 5000.0 } else { 1000.0 };
@@ -370,8 +452,7 @@ mod tests {
                 )
             })
             .collect();
-        let refs: Vec<&Request> = requests.iter().collect();
-        let pods = of(None, &refs).unwrap();
+        let pods = of(None, &tally(&requests)).unwrap();
         assert!(pods.concentrated.is_empty(), "{:?}", pods.concentrated);
         assert!(
             pods.verdict.starts_with("no pod stands out"),
@@ -384,8 +465,7 @@ mod tests {
     fn too_few_requests_name_no_pod() {
         // All of the slowest are c's, but the deployment's 20 requests are all "the slowest".
         let requests = fleet(&["c"], 20);
-        let refs: Vec<&Request> = requests.iter().collect();
-        let pods = of(None, &refs).unwrap();
+        let pods = of(None, &tally(&requests)).unwrap();
         assert!(
             pods.concentrated.iter().all(|c| c.on != "slowest"),
             "{:?}",
@@ -393,8 +473,56 @@ mod tests {
         );
         // Without pods in the records there is nothing to say.
         let mut old = fleet(&[], 40);
-        old.iter_mut().for_each(|r| r.fields.pod = None);
-        let refs: Vec<&Request> = old.iter().collect();
-        assert!(of(None, &refs).is_none());
+        old.iter_mut().for_each(|f| f.pod = None);
+        assert!(of(None, &tally(&old)).is_none());
+    }
+
+    /// The per-pod counts of the slowest, from sketches, against the exact counts from sorting:
+    /// they add up to the tail, and differ only by requests within the sketch's error of the
+    /// threshold.
+    #[test]
+    fn the_slowest_per_pod_from_sketches_matches_sorting_up_to_the_threshold_bucket() {
+        let mut rng = fastrand::Rng::with_seed(7);
+        let names = ["a", "b", "c", "d", "e"];
+        let requests: Vec<Fields> = (0..20_000)
+            .map(|i| {
+                let pod = names[i % 5];
+                // Pod e somewhat slower, with a long tail for every pod.
+                let slow = if pod == "e" { 1.3 } else { 1.0 };
+                let e2e = (500.0 + 4000.0 * rng.f64().powi(6)) * slow;
+                request(pod, round(e2e), "good")
+            })
+            .collect();
+        let pods = of(None, &tally(&requests)).unwrap();
+        let tail = pods.slowest;
+        assert_eq!(tail, 200);
+        assert_eq!(pods.pods.iter().map(|p| p.slowest).sum::<usize>(), tail);
+        let mut sorted: Vec<&Fields> = requests.iter().collect();
+        sorted.sort_by(|a, b| b.e2e_ms.total_cmp(&a.e2e_ms));
+        let threshold = sorted[tail - 1].e2e_ms;
+        let from = pods.slowest_from_ms.unwrap();
+        assert!(
+            (from - threshold).abs() <= 0.0101 * threshold,
+            "{from} vs {threshold}"
+        );
+        // Requests within 2 % of the threshold are the only ones the sketch can misplace.
+        let near = |f: &&Fields| (f.e2e_ms - threshold).abs() <= 0.021 * threshold;
+        for p in &pods.pods {
+            let exact = sorted[..tail]
+                .iter()
+                .filter(|f| f.pod() == Some(&p.pod))
+                .count();
+            let close = requests
+                .iter()
+                .filter(|f| f.pod() == Some(&p.pod))
+                .filter(near)
+                .count();
+            assert!(
+                exact.abs_diff(p.slowest) <= close,
+                "pod {}: {} from the sketch, {exact} exactly, {close} near the threshold",
+                p.pod,
+                p.slowest
+            );
+        }
     }
 }

@@ -1,6 +1,9 @@
 //! Reading per-request records: JSON lines or CSV, told apart per file by its extension or,
 //! failing that, by its first byte, so a pod's file is read whichever format its proxy wrote.
 //!
+//! Records are handed on one at a time as they are read, never all held: a fleet's day of
+//! records is larger than a laptop's memory, and the report folds each into bounded summaries.
+//!
 //! A reader must survive what a real log holds: a line cut off by a crash or a rotation, a
 //! record from an older proxy without this round's fields, a hand-edited cell. A line that is not
 //! a record is skipped and counted as `FILE:LINE: problem`; only a file that cannot be read at
@@ -138,11 +141,12 @@ impl std::fmt::Display for Problem {
     }
 }
 
-/// Everything read from the files, in file order.
+/// What reading the files found, besides the records themselves (handed on as they are read).
 #[derive(Debug, Default)]
 pub struct Loaded {
     pub sources: Vec<Source>,
-    pub requests: Vec<Request>,
+    /// Records read, over all files.
+    pub records: usize,
     /// The first malformed lines, at most `KEPT_PROBLEMS`.
     pub problems: Vec<Problem>,
     pub malformed: usize,
@@ -163,12 +167,13 @@ impl Loaded {
         }
     }
 
-    fn record(&mut self, path: &str, line: u64, fields: Fields) {
+    fn record(&mut self, path: &str, line: u64, fields: Fields, each: &mut impl FnMut(Request)) {
         match check(&fields) {
             Ok(at) => {
                 let file = self.sources.len() - 1;
                 self.sources[file].records += 1;
-                self.requests.push(Request {
+                self.records += 1;
+                each(Request {
                     file,
                     line,
                     at,
@@ -196,8 +201,9 @@ fn check(fields: &Fields) -> Result<f64, String> {
     Ok(at)
 }
 
-/// Reads every file in order. Fails only when a file cannot be opened or read.
-pub fn load(paths: &[impl AsRef<Path>]) -> Result<Loaded, String> {
+/// Reads every file in order, handing each record to `each` as it is read. Fails only when a
+/// file cannot be opened or read, or is not a record file at all.
+pub fn stream(paths: &[impl AsRef<Path>], mut each: impl FnMut(Request)) -> Result<Loaded, String> {
     let mut loaded = Loaded::default();
     for path in paths {
         let path = path.as_ref();
@@ -212,8 +218,8 @@ pub fn load(paths: &[impl AsRef<Path>]) -> Result<Loaded, String> {
             malformed: 0,
         });
         match format {
-            Format::Jsonl => read_jsonl(&name, reader, &mut loaded).map_err(cannot)?,
-            Format::Csv => read_csv(&name, reader, &mut loaded)?,
+            Format::Jsonl => read_jsonl(&name, reader, &mut loaded, &mut each).map_err(cannot)?,
+            Format::Csv => read_csv(&name, reader, &mut loaded, &mut each)?,
         }
     }
     Ok(loaded)
@@ -234,7 +240,12 @@ fn detect(path: &Path, start: &[u8]) -> Format {
     }
 }
 
-fn read_jsonl(name: &str, mut reader: impl BufRead, loaded: &mut Loaded) -> std::io::Result<()> {
+fn read_jsonl(
+    name: &str,
+    mut reader: impl BufRead,
+    loaded: &mut Loaded,
+    each: &mut impl FnMut(Request),
+) -> std::io::Result<()> {
     // Bytes, not `lines()`: a line of invalid UTF-8 is one malformed record, not the end.
     let mut line = Vec::new();
     let mut number = 0u64;
@@ -250,7 +261,7 @@ fn read_jsonl(name: &str, mut reader: impl BufRead, loaded: &mut Loaded) -> std:
         let record = line.strip_suffix(b"\n").unwrap_or(&line);
         let record = record.strip_suffix(b"\r").unwrap_or(record);
         match serde_json::from_slice::<Fields>(record) {
-            Ok(fields) => loaded.record(name, number, fields),
+            Ok(fields) => loaded.record(name, number, fields, each),
             Err(e) => {
                 // Every record is one line, so serde's "at line 1" says nothing.
                 let message = e.to_string().replace(" at line 1 column ", " at column ");
@@ -260,7 +271,12 @@ fn read_jsonl(name: &str, mut reader: impl BufRead, loaded: &mut Loaded) -> std:
     }
 }
 
-fn read_csv(name: &str, reader: impl Read, loaded: &mut Loaded) -> Result<(), String> {
+fn read_csv(
+    name: &str,
+    reader: impl Read,
+    loaded: &mut Loaded,
+    each: &mut impl FnMut(Request),
+) -> Result<(), String> {
     let mut csv = csv::ReaderBuilder::new()
         .has_headers(false)
         .flexible(true)
@@ -289,6 +305,9 @@ fn read_csv(name: &str, reader: impl Read, loaded: &mut Loaded) -> Result<(), St
                 header = Some(row.clone());
                 continue;
             }
+            if looks_like_a_header(&row) {
+                return Err(not_records(name, &row));
+            }
             // No header: the proxy's own order, as far as this row goes.
             let known = &COLUMNS[..row.len().min(COLUMNS.len())];
             header = Some(csv::ByteRecord::from(known.to_vec()));
@@ -300,7 +319,7 @@ fn read_csv(name: &str, reader: impl Read, loaded: &mut Loaded) -> Result<(), St
             continue;
         }
         match row.deserialize::<Fields>(Some(columns)) {
-            Ok(fields) => loaded.record(name, line, fields),
+            Ok(fields) => loaded.record(name, line, fields, each),
             Err(e) => {
                 let message = match e.kind() {
                     csv::ErrorKind::Deserialize { err, .. } => {
@@ -321,12 +340,59 @@ fn read_csv(name: &str, reader: impl Read, loaded: &mut Loaded) -> Result<(), St
     }
 }
 
+/// Whether a CSV file's first row is a header (names, not values): three or more cells, none a
+/// timestamp, each a name of letters, digits and `_` starting with a letter. A record file's
+/// header holds `e2e_ms`; a row like this without it is some other file's header, where reading
+/// on would only report every line as malformed.
+fn looks_like_a_header(row: &csv::ByteRecord) -> bool {
+    let name = |cell: &[u8]| {
+        cell.first().is_some_and(u8::is_ascii_alphabetic)
+            && cell.iter().all(|b| b.is_ascii_alphanumeric() || *b == b'_')
+    };
+    row.len() >= 3 && row.iter().all(name)
+}
+
+/// What a CSV file whose header has no `e2e_ms` is, and what the report reads instead.
+fn not_records(name: &str, header: &csv::ByteRecord) -> String {
+    let columns: Vec<String> = header
+        .iter()
+        .map(|c| String::from_utf8_lossy(c).into_owned())
+        .collect();
+    let has = |c: &str| columns.iter().any(|x| x == c);
+    let missing: Vec<&str> = ["ts", "route", "e2e_ms"]
+        .into_iter()
+        .filter(|c| !has(c))
+        .collect();
+    let what = if has("concurrency") && has("total_ms") {
+        "it looks like a `tokenmeter bench` CSV (one row per request the bench sent)"
+    } else {
+        "it is not a per-request record file"
+    };
+    let shown: Vec<&str> = columns.iter().take(6).map(String::as_str).collect();
+    format!(
+        "{name}: {what}: its header ({}{}) has no {} column; `tokenmeter report` reads the \
+         per-request records the proxy writes (its access_log, JSON lines or CSV with ts, route, \
+         e2e_ms, ...)",
+        shown.join(", "),
+        if columns.len() > shown.len() {
+            ", ..."
+        } else {
+            ""
+        },
+        missing
+            .iter()
+            .map(|c| format!("`{c}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// What reading `bytes` as a file called `name` gives, without touching the disk.
-    fn loaded_from(name: &str, bytes: &[u8]) -> Loaded {
+    fn try_from(name: &str, bytes: &[u8]) -> Result<(Loaded, Vec<Request>), String> {
         let format = detect(Path::new(name), bytes);
         let mut loaded = Loaded::default();
         loaded.sources.push(Source {
@@ -335,19 +401,46 @@ mod tests {
             records: 0,
             malformed: 0,
         });
+        let mut requests = Vec::new();
+        let mut each = |r| requests.push(r);
         match format {
-            Format::Jsonl => read_jsonl(name, bytes, &mut loaded).expect("in memory"),
-            Format::Csv => read_csv(name, bytes, &mut loaded).expect("in memory"),
+            Format::Jsonl => read_jsonl(name, bytes, &mut loaded, &mut each).expect("in memory"),
+            Format::Csv => read_csv(name, bytes, &mut loaded, &mut each)?,
         }
-        loaded
+        Ok((loaded, requests))
+    }
+
+    fn loaded_from(name: &str, bytes: &[u8]) -> (Loaded, Vec<Request>) {
+        try_from(name, bytes).expect("a record file")
+    }
+
+    #[test]
+    fn a_bench_csv_is_named_for_what_it_is() {
+        let bench = "request_id,concurrency,prompt_tokens,output_tokens,ttft_ms,tpot_ms,total_ms,status,error\n0,1,12,64,80.1,20.2,1400.5,200,\n";
+        let e = try_from("bench.csv", bench.as_bytes()).expect_err("not records");
+        assert!(
+            e.starts_with("bench.csv: it looks like a `tokenmeter bench` CSV"),
+            "{e}"
+        );
+        assert!(e.contains("has no `ts`, `route`, `e2e_ms` column"), "{e}");
+        assert!(
+            e.contains("reads the per-request records the proxy writes"),
+            "{e}"
+        );
+        assert!(!e.contains("invalid digit"), "{e}");
+        let other = try_from("x.csv", b"name,colour,size\nfoo,red,3\n").expect_err("not records");
+        assert!(
+            other.contains("it is not a per-request record file"),
+            "{other}"
+        );
     }
 
     #[test]
     fn csv_with_the_old_columns_and_no_header_reads() {
         let text = "2026-01-01T00:00:00.000Z,r1,chat,llama,POST,/v1/chat/completions,200,ok,good,,stop,7,3,usage,6,0.6,201.4,201.4,60.2,60.4,322.1,1,812\n";
-        let loaded = loaded_from("old.log", text.as_bytes());
+        let (loaded, requests) = loaded_from("old.log", text.as_bytes());
         assert_eq!(loaded.malformed, 0, "{:?}", loaded.problems);
-        let f = &loaded.requests[0].fields;
+        let f = &requests[0].fields;
         assert_eq!(
             (f.route.as_str(), f.e2e_ms, f.in_flight),
             ("chat", 322.1, Some(1))
@@ -363,10 +456,9 @@ mod tests {
             "{\"ts\":\"2026-01-01T00:00:00Z\",\"route\":\"a\",\"e2e_ms\":1,\"pod\":null,\"namespace\":null,\"deployment\":\"chat\"}\n",
             "{\"ts\":\"2026-01-01T00:00:00Z\",\"route\":\"a\",\"e2e_ms\":1}\n",
         );
-        let loaded = loaded_from("x.jsonl", jsonl.as_bytes());
+        let (loaded, requests) = loaded_from("x.jsonl", jsonl.as_bytes());
         assert_eq!(loaded.malformed, 0, "{:?}", loaded.problems);
-        let who: Vec<(Option<&str>, Option<String>)> = loaded
-            .requests
+        let who: Vec<(Option<&str>, Option<String>)> = requests
             .iter()
             .map(|r| (r.fields.pod(), r.fields.deployment()))
             .collect();
@@ -379,22 +471,22 @@ mod tests {
             ]
         );
         let csv = "ts,route,e2e_ms,pod,namespace,deployment\n2026-01-01T00:00:00Z,a,1,p-2,,code\n2026-01-01T00:00:00Z,a,1,,,\n";
-        let loaded = loaded_from("x.csv", csv.as_bytes());
+        let (loaded, requests) = loaded_from("x.csv", csv.as_bytes());
         assert_eq!(loaded.malformed, 0, "{:?}", loaded.problems);
-        let f = &loaded.requests[0].fields;
+        let f = &requests[0].fields;
         assert_eq!(
             (f.pod(), f.deployment()),
             (Some("p-2"), Some("code".into()))
         );
-        let f = &loaded.requests[1].fields;
+        let f = &requests[1].fields;
         assert_eq!((f.pod(), f.deployment()), (None, None));
     }
 
     #[test]
     fn a_bad_cell_names_its_column_and_line() {
         let text = "ts,route,e2e_ms,in_flight\n2026-01-01T00:00:00Z,chat,12,1\n2026-01-01T00:00:01Z,chat,slow,1\n";
-        let loaded = loaded_from("bad.csv", text.as_bytes());
-        assert_eq!(loaded.requests.len(), 1);
+        let (loaded, requests) = loaded_from("bad.csv", text.as_bytes());
+        assert_eq!(requests.len(), 1);
         let problem = loaded.problems[0].to_string();
         assert!(problem.contains("bad.csv:3: e2e_ms:"), "{problem}");
     }
@@ -407,8 +499,8 @@ mod tests {
         bytes.extend_from_slice(
             b"{\"ts\":\"2026-01-01T00:00:01Z\",\"route\":\"a\",\"e2e_ms\":2}\r\n",
         );
-        let loaded = loaded_from("x", &bytes);
-        assert_eq!((loaded.requests.len(), loaded.malformed), (2, 1));
+        let (loaded, requests) = loaded_from("x", &bytes);
+        assert_eq!((requests.len(), loaded.malformed), (2, 1));
         assert_eq!(loaded.problems[0].line, 2);
     }
 }

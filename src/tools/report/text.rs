@@ -1,37 +1,66 @@
-//! The report as a terminal reads it: a header naming what was read, then per route and model
-//! (per deployment, when split) the percentile table, goodput and attainment and the bend, then
-//! each deployment's pods and whether the slowest requests or the violations concentrate on one,
-//! then the slowest requests, each with its causes on the lines below it.
+//! The report as a terminal reads it: a header naming what was read; a summary of every route
+//! and model, worst first; the failed requests by reason; then per route and model (per
+//! deployment, when split) the percentile table, goodput and attainment and the bend; then each
+//! deployment's pods and whether the slowest requests or the violations concentrate on one; then
+//! the slowest requests, each with its causes on the lines below it. The tables are
+//! [`super::table`]'s, padded here; a figure past its SLO threshold ends in `!`.
 
 use std::fmt::Write as _;
 
-use super::analyze::{Bend, Group, Report, SloShown, Spread, MIN_LEVEL_REQUESTS};
-use super::cause::ms;
+use super::analyze::{Bend, Group, Report, MIN_LEVEL_REQUESTS};
+use super::figures::ms;
 use super::pods::{self, Pods};
+use super::table::{self, group_name, slo_line, Align, Table};
 
-fn cell(value: Option<f64>, decimals: usize) -> String {
-    value.map_or_else(|| "-".into(), |v| format!("{v:.decimals$}"))
-}
+/// The mark after a figure past its SLO threshold (or an attainment under its objective).
+const OVER: &str = "!";
 
-fn route_name(route: &str, model: Option<&str>) -> String {
-    format!("{route} / {}", model.unwrap_or("(no model)"))
-}
-
-/// A group's name: its route and model, after its deployment when the report is split.
-fn group_name(
-    by_deployment: bool,
-    deployment: Option<&str>,
-    route: &str,
-    model: Option<&str>,
-) -> String {
-    if by_deployment {
-        format!(
-            "{}: {}",
-            deployment.unwrap_or("(no deployment)"),
-            route_name(route, model)
-        )
-    } else {
-        route_name(route, model)
+/// `t`, its columns padded to their widest cell, each line after `indent`.
+pub fn write_table(out: &mut String, t: &Table, indent: &str) {
+    let text = |c: &table::Cell| {
+        if c.over {
+            format!("{}{OVER}", c.text)
+        } else {
+            c.text.clone()
+        }
+    };
+    let widths: Vec<usize> = t
+        .columns
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            t.rows
+                .iter()
+                .filter_map(|r| r.cells.get(i))
+                .map(|cell| text(cell).chars().count())
+                .chain([c.title.chars().count()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let line = |cells: Vec<String>| -> String {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(&t.columns)
+            .zip(&widths)
+            .map(|((cell, column), &w)| match column.align {
+                Align::Left => format!("{cell:<w$}"),
+                Align::Right => format!("{cell:>w$}"),
+            })
+            .collect();
+        padded.join("  ").trim_end().to_string()
+    };
+    let _ = writeln!(
+        out,
+        "{indent}{}",
+        line(t.columns.iter().map(|c| c.title.to_string()).collect())
+    );
+    for r in &t.rows {
+        let mut l = line(r.cells.iter().map(text).collect());
+        if let Some(note) = &r.note {
+            let _ = write!(l, "  ({note})");
+        }
+        let _ = writeln!(out, "{indent}{l}");
     }
 }
 
@@ -49,95 +78,14 @@ fn pods(out: &mut String, p: &Pods) {
         p.violated,
         p.judged
     );
-    let width = p
-        .pods
-        .iter()
-        .map(|pod| pod.pod.len())
-        .max()
-        .unwrap_or(0)
-        .max(3);
-    let _ = writeln!(
-        out,
-        "  {:<width$}{:>10}{:>9}{:>10}{:>10}",
-        "pod", "requests", "share", "slowest", "violated"
-    );
-    for pod in &p.pods {
-        let _ = writeln!(
-            out,
-            "  {:<width$}{:>10}{:>8.1}%{:>10}{:>10}",
-            pod.pod,
-            pod.requests,
-            pod.share * 100.0,
-            pod.slowest,
-            pod.violated
-        );
-    }
+    write_table(out, &table::pods(p), "  ");
     let _ = writeln!(out, "  finding: {}", p.verdict);
 }
 
-fn slo_line(slo: &SloShown) -> String {
-    let mut parts = Vec::new();
-    for (name, value) in [
-        ("TTFT", slo.ttft_ms),
-        ("TPOT", slo.tpot_ms),
-        ("E2E", slo.e2e_ms),
-        ("max ITL", slo.max_itl_ms),
-    ] {
-        if let Some(v) = value {
-            parts.push(format!("{name} <= {}", ms(v)));
-        }
-    }
-    if let Some(o) = slo.objective {
-        parts.push(format!("objective {} %", o * 100.0));
-    }
-    parts.join(", ")
-}
-
-fn figures(out: &mut String, g: &Group) {
-    let _ = writeln!(out, "  {:<16}{:>10}{:>10}{:>10}", "", "p50", "p95", "p99");
-    let rows: [(&str, Spread, usize); 6] = [
-        ("TTFT (ms)", g.ttft_ms, 1),
-        ("TPOT (ms)", g.tpot_ms, 1),
-        ("max ITL (ms)", g.max_itl_ms, 1),
-        ("E2E (ms)", g.e2e_ms, 1),
-        ("prompt tokens", g.prompt_tokens, 0),
-        ("output tokens", g.output_tokens, 0),
-    ];
-    for (name, s, decimals) in rows {
-        let _ = writeln!(
-            out,
-            "  {name:<16}{:>10}{:>10}{:>10}",
-            cell(s.p50, decimals),
-            cell(s.p95, decimals),
-            cell(s.p99, decimals)
-        );
-    }
-}
-
 /// The bend's table and verdict, each line indented by `indent`.
-pub fn bend(out: &mut String, b: &Bend, indent: &str) {
-    let _ = writeln!(
-        out,
-        "{indent}{:>10}{:>10}{:>11}{:>11}{:>11}{:>15}",
-        "in flight", "requests", "TTFT p50", "TTFT p99", "E2E p99", "output tok/s"
-    );
-    for l in &b.levels {
-        let mark = if l.judged {
-            String::new()
-        } else {
-            format!("  (fewer than {MIN_LEVEL_REQUESTS}: not judged)")
-        };
-        let _ = writeln!(
-            out,
-            "{indent}{:>10}{:>10}{:>11}{:>11}{:>11}{:>15}{mark}",
-            l.concurrency,
-            l.requests,
-            cell(l.ttft_p50_ms, 1),
-            cell(l.ttft_p99_ms, 1),
-            cell(l.e2e_p99_ms, 1),
-            cell(l.output_tokens_per_s, 1)
-        );
-    }
+pub fn bend(out: &mut String, b: &Bend, g: Option<&Group>, indent: &str) {
+    let slo = g.and_then(|g| g.slo.as_ref());
+    write_table(out, &table::bend(b, slo, MIN_LEVEL_REQUESTS), indent);
     let _ = writeln!(out, "{indent}bend: {}", b.verdict);
 }
 
@@ -173,6 +121,31 @@ pub fn render(report: &Report) -> String {
             let _ = writeln!(out, "  {problem}");
         }
     }
+    out.push_str("\nsummary, worst first:\n");
+    write_table(&mut out, &table::summary(report), "  ");
+    let _ = writeln!(
+        out,
+        "  ({}{})",
+        table::SUMMARY_NOTE,
+        if report.groups.iter().any(|g| g.slo.is_some()) {
+            format!("; {OVER}: past the SLO threshold or under the objective")
+        } else {
+            String::new()
+        }
+    );
+    if report.failures.count > 0 {
+        let _ = writeln!(
+            out,
+            "\n{} failed request{} (outcome not ok), by reason:",
+            report.failures.count,
+            if report.failures.count == 1 { "" } else { "s" }
+        );
+        write_table(
+            &mut out,
+            &table::failures(&report.failures, report.by_deployment),
+            "  ",
+        );
+    }
     for g in &report.groups {
         let _ = writeln!(
             out,
@@ -189,26 +162,28 @@ pub fn render(report: &Report) -> String {
         if let Some(slo) = &g.slo {
             let _ = writeln!(out, "  SLO (from --config): {}", slo_line(slo));
         }
-        match (g.attainment, g.goodput_per_s) {
-            (Some(a), goodput) => {
+        match g.attainment {
+            Some(a) => {
                 let _ = writeln!(
                     out,
-                    "  goodput {} req/s, SLO attainment {:.1} % ({} good, {} violated)",
-                    cell(goodput, 2),
+                    "  goodput {} req/s over its {:.1} s of activity (first request to last; {} req/s over the whole span), SLO attainment {:.1} % ({} good, {} violated)",
+                    table::figure(g.goodput_per_active_s, 2),
+                    g.active_s,
+                    table::figure(g.goodput_per_s, 2),
                     a * 100.0,
                     g.good,
                     g.violated
                 );
             }
-            (None, _) => out.push_str("  no SLO judged on this route: no goodput or attainment\n"),
+            None => out.push_str("  no SLO judged on this route: no goodput or attainment\n"),
         }
-        figures(&mut out, g);
+        write_table(&mut out, &table::percentiles(g), "  ");
         out.push_str("\n  the bend: latency and output tokens/s against requests in flight on the route at arrival\n");
-        bend(&mut out, &g.bend, "  ");
+        bend(&mut out, &g.bend, Some(g), "  ");
     }
     if let (Some(total), true) = (&report.bend_total, report.groups.len() > 1) {
         out.push_str("\nthe bend over all routes, against requests in flight in the proxy:\n");
-        bend(&mut out, total, "  ");
+        bend(&mut out, total, None, "  ");
     }
     for p in &report.pods {
         pods(&mut out, p);
