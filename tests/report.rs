@@ -1116,3 +1116,73 @@ fn a_bench_csv_is_named_for_what_it_is() {
     );
     assert!(!err.contains("invalid digit"), "{err}");
 }
+
+/// Loads `page` in a frame `width` px wide inside a wrapper page (the report itself holds no
+/// script), and returns how wide its content is: `scrollWidth` of the report's own document.
+fn rendered_width(page: &Path, width: u32) -> u32 {
+    let dir = TempDir::new();
+    let html = std::fs::read_to_string(page).unwrap();
+    let escaped = html
+        .replace('&', "&amp;")
+        .replace('"', "&quot;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;");
+    let wrapper = format!(
+        r#"<!doctype html><html><body style="margin:0"><iframe id="frame" srcdoc="{escaped}" style="width:{width}px;height:2000px;border:0"></iframe>
+<script>
+document.getElementById("frame").addEventListener("load", (e) => {{
+  const d = e.target.contentDocument.documentElement;
+  document.body.dataset.measured = d.scrollWidth + " " + d.clientWidth;
+}});
+</script></body></html>"#
+    );
+    let path = dir.path().join("wrapper.html");
+    std::fs::write(&path, wrapper).unwrap();
+    let dom = chromium_run(
+        &["--virtual-time-budget=5000".into(), "--dump-dom".into()],
+        &format!("file://{}", path.display()),
+    );
+    let measured = dom
+        .split("data-measured=\"")
+        .nth(1)
+        .and_then(|v| v.split('"').next())
+        .unwrap_or_else(|| panic!("the frame never loaded:\n{dom}"));
+    let [scroll, client]: [u32; 2] = measured
+        .split(' ')
+        .map(|v| v.parse().unwrap_or_else(|e| panic!("{measured}: {e}")))
+        .collect::<Vec<_>>()
+        .try_into()
+        .unwrap_or_else(|_| panic!("{measured}"));
+    assert!(
+        client <= width && client + 20 >= width,
+        "the frame is not {width} px wide: {measured}"
+    );
+    assert!(
+        scroll <= client,
+        "at {width} px the report is {scroll} px wide: it overflows horizontally"
+    );
+    scroll
+}
+
+/// The report of a route with a bend, its SLO from `--config` on every plot, and its 20 slowest
+/// requests with their causes fits a 1280 px and a 1400 px window: wide tables scroll inside
+/// their own box, the page never does. (At 300 px it does overflow, which shows the measurement
+/// can fail.)
+#[test]
+fn the_html_report_never_overflows_a_1280_px_window() {
+    let dir = TempDir::new();
+    let page = dir.path().join("report.html");
+    let out = report(&[
+        &fixture("slots2.jsonl"),
+        "--html",
+        &page.display().to_string(),
+        "--config",
+        &fixture("tokenmeter.yaml"),
+        "--slowest",
+        "20",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    for width in [1280, 1400] {
+        rendered_width(&page, width);
+    }
+}
