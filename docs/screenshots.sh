@@ -4,7 +4,7 @@
 # admin port and the HTML report over the proxy's own records, each captured by headless
 # Chromium at 1400 px wide into docs/img/. Run it again whenever the pages change:
 #
-#   bash docs/screenshots.sh                            # the release binary, built if missing
+#   bash docs/screenshots.sh                            # the release binary, built if stale
 #   TOKENMETER=target/debug/tokenmeter bash docs/screenshots.sh
 #
 # It takes about half a minute once the binary exists. The sweep is short and fixed (levels
@@ -16,13 +16,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Without TOKENMETER, the release binary of this checkout: cargo build is a no-op when it is
+# current, and a stale binary would picture pages the code no longer draws.
+if [ -z "${TOKENMETER:-}" ]; then
+    cargo build --release
+fi
 bin=${TOKENMETER:-target/release/tokenmeter}
 if [ ! -x "$bin" ]; then
-    if [ -n "${TOKENMETER:-}" ]; then
-        echo "screenshots: $bin is not an executable" >&2
-        exit 2
-    fi
-    cargo build --release
+    echo "screenshots: $bin is not an executable" >&2
+    exit 2
 fi
 bin=$(realpath "$bin")
 chromium=$(command -v chromium || command -v chromium-browser || true)
