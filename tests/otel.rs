@@ -219,12 +219,12 @@ async fn metrics_and_spans_agree_with_the_records_and_spans_sit_in_the_callers_t
     }
     let records = proxy.records(3).await;
     // The model server received the caller's trace context unchanged.
-    let seen = vec![upstream.seen.recv().await.expect("the first request")];
+    let first = upstream.seen.recv().await.expect("the first request");
     assert_eq!(
-        seen[0].header("traceparent").as_deref(),
+        first.header("traceparent").as_deref(),
         Some(traceparent.as_str())
     );
-    assert_eq!(seen[0].header("tracestate").as_deref(), Some("vendor=abc"));
+    assert_eq!(first.header("tracestate").as_deref(), Some("vendor=abc"));
 
     until("three spans", || receiver.spans().len() == 3).await;
     let spans = receiver.spans();

@@ -81,7 +81,7 @@ impl Histogram {
 
     pub(crate) fn record(&mut self, v: f64) {
         // A NaN or a negative value cannot come from a clock or a counter; never aggregated.
-        if !(v >= 0.0) || !v.is_finite() {
+        if v.is_nan() || v < 0.0 || v.is_infinite() {
             return;
         }
         match self {
@@ -135,7 +135,7 @@ impl Exponential {
         }
         if i < self.offset {
             let grow = (self.offset - i) as usize;
-            self.counts.splice(0..0, std::iter::repeat(0).take(grow));
+            self.counts.splice(0..0, std::iter::repeat_n(0, grow));
             self.offset = i;
         }
         let at = (i - self.offset) as usize;

@@ -315,6 +315,9 @@ struct Exporter {
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
+/// One instrument being exported: name, unit, description and its points by attributes.
+type Instrument<'a, T> = (&'a str, &'a str, &'a str, Vec<(Vec<KeyValue>, T)>);
+
 impl Exporter {
     async fn run(mut self, mut rx: mpsc::Receiver<Message>) {
         let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
@@ -505,7 +508,7 @@ impl Exporter {
     fn metrics_request(&self) -> ExportMetricsServiceRequest {
         let now = unix_nanos(SystemTime::now());
         let start = self.started;
-        let mut hist: Vec<(&str, &str, &str, Vec<(Vec<KeyValue>, &Histogram)>)> = vec![
+        let mut hist: Vec<Instrument<&Histogram>> = vec![
             (
                 sc::TIME_TO_FIRST_TOKEN,
                 sc::SECONDS,
@@ -537,7 +540,7 @@ impl Exporter {
                 vec![],
             ),
         ];
-        let mut sums: Vec<(&str, &str, &str, Vec<(Vec<KeyValue>, u64)>)> = vec![
+        let mut sums: Vec<Instrument<u64>> = vec![
             (
                 sc::REQUESTS,
                 sc::REQUESTS_UNIT,
