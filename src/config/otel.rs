@@ -250,6 +250,8 @@ pub fn resolve(
         .value
         .clone()
         .unwrap_or_else(|| DEFAULT_ENDPOINT.into());
+    // Checked as written, so that an error quotes what the operator wrote.
+    endpoint(&base_text, &base)?;
     let signal_endpoint = |var, field, from_file: Option<String>, suffix: &str| {
         let own = pick(var, field, from_file);
         match &own.value {
