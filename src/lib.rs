@@ -31,7 +31,7 @@ pub mod tools;
 
 pub use config::{
     parse_duration, AccessLog, Config, ConfigError, Cost, EngineMetrics, HeaderMatch, Identity,
-    LogFormat, LogPath, Match, Route, Slo, Upstream,
+    LogFormat, LogPath, Match, Otel, Route, Slo, Upstream,
 };
 pub use measure::{Meter, Recorder, TimedBody, TimedBodyError};
 pub use parse::{

@@ -18,6 +18,7 @@ mod excerpt;
 mod file;
 mod identity;
 mod nesting;
+mod otel;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -33,6 +34,9 @@ pub use excerpt::{excerpt, one_line};
 pub use file::{read as read_file, MAX_FILE_BYTES};
 pub use identity::Identity;
 pub use nesting::MAX_NESTING;
+pub use otel::{
+    resolve as resolve_otel, Endpoint, HistogramAggregation, Otel, OtelSettings, Root, Sampler,
+};
 
 /// The name of the route that takes every request no configured route matched.
 pub const DEFAULT_ROUTE: &str = "default";
@@ -80,6 +84,9 @@ pub struct Config {
     /// The engine's own Prometheus metrics, sampled for its state at each request's arrival;
     /// absent means none is read.
     pub engine_metrics: Option<EngineMetrics>,
+    /// OpenTelemetry export (OTLP); the `OTEL_*` environment variables override it, and can
+    /// switch it on without it ([`resolve_otel`]).
+    pub otel: Option<Otel>,
 }
 
 /// Where and how often the engine's own metrics are read: one bounded scrape per interval, never
@@ -233,6 +240,7 @@ impl Default for Config {
             reload: Reload::default(),
             cost: None,
             engine_metrics: None,
+            otel: None,
         }
     }
 }
@@ -596,6 +604,11 @@ impl Config {
 
     /// Checks what the schema alone cannot: relations between fields.
     fn validate(&self) -> Result<(), String> {
+        // The section's values are checked as they are written; the environment is read when
+        // the proxy starts.
+        if self.otel.is_some() {
+            otel::resolve(self.otel.as_ref(), &|_| None)?;
+        }
         let mut seen = std::collections::HashSet::new();
         for (i, route) in self.routes.iter().enumerate() {
             let name = route.name.as_str();

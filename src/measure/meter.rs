@@ -11,6 +11,7 @@ use crate::config::Config;
 use crate::policy::route::{RouteInfo, Router};
 use crate::publish::live::LiveStats;
 use crate::publish::metrics::{InFlight, Metrics};
+use crate::publish::otel::OtelSink;
 use crate::publish::record::RecordSink;
 
 /// The routes a request is judged by and where it is published; one per configuration
@@ -21,6 +22,8 @@ pub struct Meter {
     in_flight: Vec<(Arc<RouteInfo>, IntGauge)>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) access_log: Option<RecordSink>,
+    /// OpenTelemetry export, when switched on: one per process, carried across reloads.
+    pub(crate) otel: Option<OtelSink>,
     /// The live view's windows: one per process, carried across reloads.
     pub(crate) live: Arc<LiveStats>,
     /// Events larger than this are forwarded but not parsed.
@@ -53,6 +56,7 @@ impl Meter {
             in_flight,
             metrics,
             access_log,
+            otel: None,
             live,
             max_event_bytes,
             in_flight_total,

@@ -29,6 +29,7 @@ use crate::policy::route::{Candidates, RouteInfo};
 use crate::policy::slo::{self, Verdict};
 use crate::publish::live::{self, GapSketch};
 use crate::publish::metrics::{InFlight, RequestMetrics};
+use crate::publish::otel::Finished;
 use crate::publish::record::{Record, Timestamp};
 
 /// How often a stream's inter-token gaps reach the shared ITL histogram while it goes on.
@@ -39,6 +40,9 @@ const GAPS_HELD: usize = 13;
 
 /// The longest `x-request-id` copied into the record; longer ones are cut.
 const MAX_REQUEST_ID: usize = 128;
+/// The longest `tracestate` carried to a span; a longer one is left out (W3C Trace Context
+/// asks that at least 512 characters be propagated).
+const MAX_TRACESTATE: usize = 1024;
 
 /// One request, from its head to its single `finish`.
 pub struct Recorder {
@@ -99,6 +103,38 @@ struct Active {
     /// What the response head said of the engine's timing (TGI's `x-*-time` headers), when
     /// it said anything: boxed, as most servers say nothing there.
     head_report: Option<Box<EngineReport>>,
+    /// The caller's trace context, read only when OpenTelemetry export is on.
+    caller: Option<Box<CallerTrace>>,
+}
+
+/// The caller's W3C trace context, for the request's span.
+struct CallerTrace {
+    parent: Option<parse::TraceParent>,
+    tracestate: Option<Box<str>>,
+}
+
+impl CallerTrace {
+    /// `None` when the caller sent no valid `traceparent`: a `tracestate` alone means nothing.
+    fn read(headers: &HeaderMap) -> Option<Box<CallerTrace>> {
+        const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
+        const TRACESTATE: http::HeaderName = http::HeaderName::from_static("tracestate");
+        let parent = parse::traceparent(headers.get(TRACEPARENT)?.as_bytes())?;
+        // Several `tracestate` fields are one list (W3C Trace Context, 3.3.1.1).
+        let mut state = String::new();
+        for value in headers.get_all(TRACESTATE) {
+            let Ok(v) = value.to_str() else { continue };
+            if !state.is_empty() {
+                state.push(',');
+            }
+            state.push_str(v.trim());
+        }
+        let tracestate =
+            (!state.is_empty() && state.len() <= MAX_TRACESTATE).then(|| state.into_boxed_str());
+        Some(Box::new(CallerTrace {
+            parent: Some(parent),
+            tracestate,
+        }))
+    }
 }
 
 /// What every frame of a response reads or writes, kept together in two cache lines (a size
@@ -216,6 +252,7 @@ impl Recorder {
         let in_flight_total_at_start = meter.in_flight_total.fetch_add(1, Ordering::Relaxed) + 1;
         let total = TotalGuard(meter.in_flight_total.clone());
         let engine_at_arrival = meter.engine.at(t_start);
+        let caller = meter.otel.as_ref().and_then(|_| CallerTrace::read(headers));
         // Made in its box: built beside it and moved in, it would be copied twice on the
         // request's way upstream.
         let mut active = Box::new(Active {
@@ -245,6 +282,7 @@ impl Recorder {
             upstream: None,
             engine_at_arrival,
             head_report: None,
+            caller,
         });
         if let Some(route) = active.meter.router.decided(&active.candidates) {
             active.take_route(route);
@@ -690,8 +728,36 @@ impl Active {
             }
             Some(Verdict::Excluded) | None => {}
         }
-        if let Some(log) = &meter.access_log {
-            log.send(self.record(f, end, finish_reason, verdict.as_ref()));
+        match (&meter.access_log, &meter.otel) {
+            (Some(log), None) => log.send(self.record(f, end, finish_reason, verdict.as_ref())),
+            (log, Some(otel)) => {
+                let record = self.record(f, end, finish_reason, verdict.as_ref());
+                if let Some(log) = log {
+                    log.send(record.clone());
+                }
+                otel.send(self.finished(record));
+            }
+            (None, None) => {}
+        }
+    }
+
+    /// What OpenTelemetry export needs beyond the record. Called after the handles are
+    /// resolved.
+    fn finished(&mut self, record: Record) -> Finished {
+        let caller = self.caller.take();
+        Finished {
+            record,
+            model_label: self
+                .handles
+                .as_ref()
+                .map_or_else(|| Arc::from(""), |h| h.model.clone()),
+            parent: caller.as_ref().and_then(|c| c.parent),
+            tracestate: caller.and_then(|c| c.tracestate),
+            dialect: self.reader.as_ref().map(|r| r.dialect()),
+            stream: self
+                .reader
+                .as_ref()
+                .is_some_and(|r| matches!(r.framing(), Framing::Sse | Framing::Ndjson)),
         }
     }
 

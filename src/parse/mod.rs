@@ -24,6 +24,7 @@ mod reader;
 mod report;
 mod request_model;
 mod sse;
+mod trace_context;
 
 #[cfg(test)]
 mod tests;
@@ -32,6 +33,7 @@ pub use detect::detect;
 pub use event::{Dialect, FinishReason, FrameEvents, Framing, StreamSummary, MAX_EVENT_TYPE_BYTES};
 pub use reader::StreamReader;
 pub use request_model::{ModelScanner, Scan};
+pub use trace_context::{traceparent, TraceParent};
 pub use {
     engine_headers::engine_headers,
     exposition::{engine_state, EngineState, MAX_EXPOSITION_BYTES},

@@ -150,6 +150,11 @@ impl StreamReader {
         &self.summary
     }
 
+    /// How the body is framed, as its head said.
+    pub fn framing(&self) -> Framing {
+        self.framing
+    }
+
     /// The dialect being read: the one given, or the one the first events showed; `Auto` while
     /// they have not shown it yet, `Unknown` once they could not.
     pub fn dialect(&self) -> Dialect {

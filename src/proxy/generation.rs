@@ -16,10 +16,11 @@ use arc_swap::ArcSwap;
 use tokio::time::Instant;
 
 use super::forward::{Forwarder, RetryCounters};
-use crate::config::{Config, ConfigError, EngineMetrics, Timeouts, Upstream};
+use crate::config::{Config, ConfigError, EngineMetrics, OtelSettings, Timeouts, Upstream};
 use crate::measure::Meter;
 use crate::policy::route::Router;
 use crate::publish::metrics::Metrics;
+use crate::publish::otel::{self, OtelSink};
 use crate::publish::record::{self, RecordSink};
 
 /// How long a changed configuration file must stay the same before the watcher acts on it.
@@ -96,9 +97,19 @@ impl Generations {
         config: Config,
         source: Option<PathBuf>,
         overrides: Overrides,
+        otel: Option<OtelSettings>,
     ) -> std::io::Result<Generations> {
         let metrics = Arc::new(Metrics::new(&config));
-        let generation = build(&config, None, None, &metrics)?;
+        let otel = match otel {
+            Some(settings) => Some(otel::start(
+                settings,
+                &config.upstream,
+                &config.identity,
+                metrics.registry(),
+            )?),
+            None => None,
+        };
+        let generation = build(&config, None, None, &metrics, otel)?;
         let last_seen = source.as_ref().map(|path| crate::config::read_file(path));
         Ok(Generations {
             current: ArcSwap::from_pointee(generation),
@@ -124,6 +135,13 @@ impl Generations {
             closed &= log.close_within(deadline.saturating_duration_since(Instant::now()));
         }
         closed
+    }
+
+    /// At exit, after the records: exports what OpenTelemetry holds, within `within`.
+    /// Whether it was exported (or counted as dropped) in time; `true` when export is off.
+    pub(crate) fn close_otel(&self, within: Duration) -> bool {
+        let otel = self.current().meter.otel.clone();
+        otel.is_none_or(|o| o.close_within(within))
     }
 
     /// The generation a new request takes.
@@ -247,19 +265,26 @@ impl Generations {
                 );
             }
         }
+        if config.otel != running.otel {
+            tracing::warn!("otel: a change needs a restart to take effect; exporting as before");
+        }
         config.listen = running.listen;
         config.admin = running.admin;
         if config == *running {
             return Ok(Reloaded::Unchanged);
         }
         let previous = self.current();
-        let generation =
-            build(&config, Some(&running), Some(&previous), &self.metrics).map_err(|e| {
-                ConfigError {
-                    origin: origin.to_string(),
-                    message: e.to_string(),
-                }
-            })?;
+        let generation = build(
+            &config,
+            Some(&running),
+            Some(&previous),
+            &self.metrics,
+            previous.meter.otel.clone(),
+        )
+        .map_err(|e| ConfigError {
+            origin: origin.to_string(),
+            message: e.to_string(),
+        })?;
         self.metrics.reconfigure(&config);
         if let Some(old) = &previous.meter.access_log {
             let kept = generation
@@ -297,6 +322,7 @@ fn build(
     before: Option<&Config>,
     previous: Option<&Generation>,
     metrics: &Arc<Metrics>,
+    otel: Option<OtelSink>,
 ) -> std::io::Result<Generation> {
     let same = |f: &dyn Fn(&Config) -> bool| before.is_some_and(f);
     let access_log = match (previous, &config.access_log) {
@@ -330,7 +356,7 @@ fn build(
             },
         )),
     };
-    let meter = Meter::new(
+    let mut meter = Meter::new(
         Router::new(&config.routes),
         metrics.clone(),
         access_log,
@@ -339,6 +365,7 @@ fn build(
         previous.map_or_else(Default::default, |p| p.meter.in_flight_total.clone()),
         previous.map_or_else(Default::default, |p| p.meter.engine.clone()),
     );
+    meter.otel = otel;
     Ok(Generation {
         meter: Arc::new(meter),
         forwarder,
@@ -373,7 +400,7 @@ mod tests {
         };
         std::fs::write(&file, text(&a)).unwrap();
         let config = Config::parse(&text(&a), "test").unwrap();
-        let generations = Generations::new(config, Some(file.clone()), Overrides::default())
+        let generations = Generations::new(config, Some(file.clone()), Overrides::default(), None)
             .expect("the first generation");
         // A request in flight keeps the generation it started with.
         let old = generations.current();

@@ -54,6 +54,10 @@ impl Running {
         // The responses that just ended queued their records: they reach their files before
         // exit, those of generations a reload replaced too.
         self.generations.close_logs();
+        // What OpenTelemetry holds goes to the collector within the drain timeout: a collector
+        // that does not answer holds the exit no longer than a stream would have.
+        let drain = self.generations.config().timeouts.drain;
+        self.generations.close_otel(drain);
     }
 
     /// Re-reads the configuration file and swaps in what it says, if valid.
@@ -113,8 +117,12 @@ pub async fn start(
     let config_timeouts = config.timeouts;
     let upstream = config.upstream.clone();
     let shards = overrides.shards.unwrap_or(1).clamp(1, shard::MAX);
+    // The `OTEL_*` variables are read once, here: a reload changes the file, not the
+    // environment.
+    let otel = crate::config::resolve_otel(config.otel.as_ref(), &|var| std::env::var(var).ok())
+        .map_err(|e| StartError(format!("invalid OpenTelemetry settings: {e}")))?;
     let generations = Arc::new(
-        Generations::new(config, source, overrides)
+        Generations::new(config, source, overrides, otel)
             .map_err(|e| StartError(format!("cannot open the access log: {e}")))?,
     );
     let proxy = Proxy::new(generations.clone());

@@ -333,6 +333,11 @@ fn register(registry: &Registry, collector: impl Collector + Clone + 'static) {
 }
 
 impl Metrics {
+    /// The registry, for families registered only when a feature starts (OpenTelemetry's).
+    pub(crate) fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
     /// Builds and registers every family for this configuration.
     pub(crate) fn new(config: &Config) -> Metrics {
         let rm = &["route", "model"];
