@@ -582,8 +582,8 @@ fn records_carry_the_engines_own_timings_and_state() {
 }
 
 /// `tokenmeter report` over production-like traffic that crosses the engine's slot count
-/// (`--parallel 2`): it names the bend at 2 in flight, and the queue as the cause of the
-/// slowest requests.
+/// (`--parallel 2`): it names the bend at or before 2 in flight, never past it, and the queue as
+/// the cause of the slowest requests.
 #[test]
 fn the_report_names_the_slot_count_and_the_queue() {
     let engine = Engine::start();
@@ -643,9 +643,14 @@ fn the_report_names_the_slot_count_and_the_queue() {
     );
     let report: Value = serde_json::from_slice(&report.stdout).expect("JSON");
     let group = &report["groups"][0];
-    assert_eq!(
-        group["bend"]["knee"]["concurrency"], "2",
-        "the bend: {}",
+    // The engine has two slots on one CPU thread, so two requests decoding share that thread:
+    // going from 1 to 2 in flight may add little throughput (on a busy machine, under a third of
+    // the doubled load's share), and then the bend is already at 1. From 3 on every added
+    // request waits for a slot. What must hold: the bend is never past the slot count.
+    let knee = group["bend"]["knee"]["concurrency"].as_str();
+    assert!(
+        matches!(knee, Some("1" | "2")),
+        "the bend must be at or before the slot count (2): {}",
         group["bend"]
     );
     let slowest = report["slowest"].as_array().unwrap();
