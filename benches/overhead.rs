@@ -1,11 +1,13 @@
 //! What the proxy costs, against the floor a user would otherwise put there: `cargo bench
 //! --bench overhead`.
 //!
-//! One run sends the same load four ways, all on loopback: straight to a paced mock upstream in
+//! One run sends the same load five ways, all on loopback: straight to a paced mock upstream in
 //! this process (the baseline), through nginx (one worker, keep-alive upstream, `proxy_buffering
 //! off`: the pass-through floor, which measures nothing), through the real `tokenmeter` release
-//! binary with one worker (the same resources as nginx's), and through it on its default worker
-//! count (one per CPU). The proxies are child processes, so their CPU time and RSS are their own.
+//! binary with one worker (the same resources as nginx's), through it on its default worker
+//! count (one per CPU), and through it with one worker exporting OpenTelemetry (`tokenmeter+otlp`:
+//! metrics every second and a span for every request, over OTLP/HTTP to a sink in this process
+//! that decodes and discards; its CPU per frame against tokenmeter's is issue 39's cost). The proxies are child processes, so their CPU time and RSS are their own.
 //! It prints one Markdown table for docs/performance.md, each figure for every way with tokenmeter's (one
 //! worker) ratio to nginx: added TTFT at one user (the ways alternating request by request), proxy
 //! CPU seconds per 1,000 frames and proxy RSS at 128, 512, 1,024 and 2,048 concurrent streams, and
@@ -28,13 +30,16 @@
 //! `taskset`: what each proxy adds when it does not share a core with the load; a diagnostic,
 //! not the issue's setup), `TOKENMETER_BENCH_ROUNDS=3` (rounds per
 //! level and way, the ways rotating: more for a finer A/B), `TOKENMETER_BENCH_DEFAULT_WORKERS=0`
-//! (leave out the way that runs tokenmeter on its default worker count),
+//! (leave out the way that runs tokenmeter on its default worker count), `TOKENMETER_BENCH_OTLP=0`
+//! (leave out the way that exports OpenTelemetry),
 //! `TOKENMETER_BENCH_PERF=DIR` (one extra, uncounted round per proxy at the level nearest 512
 //! streams under `perf record -g`, written to DIR), and `TOKENMETER_BENCH_SAMPLES_DIR=DIR` (each
 //! way's one-user samples, one request a line, written to DIR).
 
 #[path = "overhead/load.rs"]
 mod load;
+#[path = "overhead/otlp_sink.rs"]
+mod otlp_sink;
 #[path = "overhead/processes.rs"]
 mod processes;
 #[path = "overhead/procfs.rs"]
@@ -60,6 +65,9 @@ use upstream::{Upstream, FRAMING_EVENTS};
 /// The way that runs tokenmeter on its default worker count (one per CPU).
 const DEFAULT_WORKERS_WAY: &str = "tokenmeter, per-CPU workers";
 
+/// The way that runs tokenmeter with one worker exporting OpenTelemetry to the bench's sink.
+const OTLP_WAY: &str = "tokenmeter+otlp";
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--relay-for") {
@@ -78,6 +86,7 @@ fn main() -> ExitCode {
     let ways_count = 3
         + usize::from(params.default_workers)
         + usize::from(params.relay)
+        + usize::from(params.otlp)
         + usize::from(params.candidate.is_some());
     let top = params.levels.iter().copied().max().unwrap_or(1);
     if let Err(why) = procfs::ensure_open_files(((2 * ways_count + 1) * top) as u64 + 256) {
@@ -95,6 +104,14 @@ fn main() -> ExitCode {
     let upstream = match runtime.block_on(Upstream::start(epoch)) {
         Ok(upstream) => upstream,
         Err(e) => return fail(&e),
+    };
+    let sink = if params.otlp {
+        match runtime.block_on(otlp_sink::Sink::start()) {
+            Ok(sink) => Some(sink),
+            Err(e) => return fail(&e),
+        }
+    } else {
+        None
     };
     // Blocking in these spawns is fine: the upstream runs on the runtime's workers.
     // One worker, as nginx has: the same resources for the comparison. Its default (one per
@@ -130,6 +147,13 @@ fn main() -> ExitCode {
     } else {
         None
     };
+    let otlp = match &sink {
+        Some(sink) => match ProxyProcess::tokenmeter_otlp(upstream.addr, sink.addr) {
+            Ok(proxy) => Some(proxy),
+            Err(e) => return fail(&e),
+        },
+        None => None,
+    };
     let candidate = match &params.candidate {
         Some(binary) => match ProxyProcess::tokenmeter_from(binary, upstream.addr, Some(1)) {
             Ok(proxy) => Some(proxy),
@@ -151,6 +175,9 @@ fn main() -> ExitCode {
     if let Some(default_workers) = &default_workers {
         proxies.push((DEFAULT_WORKERS_WAY, default_workers));
     }
+    if let Some(otlp) = &otlp {
+        proxies.push((OTLP_WAY, otlp));
+    }
     if let Some(relay) = &relay {
         proxies.push(("relay", relay));
     }
@@ -165,17 +192,25 @@ fn main() -> ExitCode {
         eprintln!("overhead bench: pinned: this process on CPU 0, the proxies on CPU 1");
     }
     // Ways are built inside the runtime: hyper's client pool needs it.
-    let measured = runtime.block_on(async {
+    let (measured, ways) = runtime.block_on(async {
         let mut ways = vec![Arc::new(Way::new("direct", upstream.addr, None))];
         for (name, proxy) in &proxies {
             ways.push(Arc::new(Way::new(name, proxy.listen, Some(proxy.pid()))));
         }
-        run(&params, epoch, &upstream, &ways, compared).await
+        (run(&params, epoch, &upstream, &ways, compared).await, ways)
     });
     let after_rss: Vec<(&str, Option<u64>)> = proxies
         .iter()
         .map(|(name, proxy)| (*name, procfs::rss_kib(proxy.pid())))
         .collect();
+    let otlp_export = match (&sink, &otlp, ways.iter().find(|w| w.name == OTLP_WAY)) {
+        (Some(sink), Some(proxy), Some(way)) => Some(runtime.block_on(OtlpExport::settle(
+            sink,
+            proxy,
+            way.answered.load(std::sync::atomic::Ordering::Relaxed),
+        ))),
+        _ => None,
+    };
     let context = Context {
         load_before,
         load_after: procfs::load_average(),
@@ -183,6 +218,7 @@ fn main() -> ExitCode {
         nginx_missing: nginx.as_ref().err().cloned(),
         proxies: &proxies,
         after_rss,
+        otlp_export,
         took: started.elapsed(),
     };
     if let Some(dir) = &params.samples_dir {
@@ -212,6 +248,8 @@ struct Params {
     rounds: usize,
     relay: bool,
     candidate: Option<PathBuf>,
+    /// tokenmeter exporting OTLP to the bench's sink as one more way.
+    otlp: bool,
     /// tokenmeter on its default worker count as one more way.
     default_workers: bool,
     pin: bool,
@@ -275,6 +313,7 @@ impl Params {
                 .filter(|&n| n > 0)
                 .map_or(if quick { 1 } else { 3 }, |n| n as usize),
             relay: flag("TOKENMETER_BENCH_RELAY"),
+            otlp: std::env::var("TOKENMETER_BENCH_OTLP").as_deref() != Ok("0"),
             pin: flag("TOKENMETER_BENCH_PIN"),
             default_workers: std::env::var("TOKENMETER_BENCH_DEFAULT_WORKERS").as_deref()
                 != Ok("0")
@@ -477,7 +516,65 @@ struct Context<'a> {
     nginx_missing: Option<String>,
     proxies: &'a [(&'static str, &'a ProxyProcess)],
     after_rss: Vec<(&'a str, Option<u64>)>,
+    otlp_export: Option<OtlpExport>,
     took: Duration,
+}
+
+/// What the `tokenmeter+otlp` way exported by the end of the run, against what it was sent.
+struct OtlpExport {
+    /// Requests the way answered, every phase included: each is one span under `always_on`.
+    requests: u64,
+    spans: u64,
+    trace_exports: u64,
+    data_points: u64,
+    metric_exports: u64,
+    bytes: u64,
+    rejected: u64,
+    /// The proxy's own counts from its `/metrics`, when it could be read.
+    dropped_spans: Option<f64>,
+    dropped_requests_for_metrics: Option<f64>,
+    export_errors: Option<f64>,
+    /// How long the last spans took to arrive after the load ended.
+    waited: Duration,
+}
+
+impl OtlpExport {
+    /// Waits, up to twice the span batch's schedule delay and a little more, for every span not
+    /// counted as dropped to reach the sink, then takes the tallies.
+    async fn settle(sink: &otlp_sink::Sink, proxy: &ProxyProcess, requests: u64) -> OtlpExport {
+        use std::sync::atomic::Ordering::Relaxed;
+        let scrape = |series: &str| {
+            proxy
+                .admin
+                .and_then(|admin| processes::scrape(admin, series))
+        };
+        let dropped = || scrape("tokenmeter_otel_dropped_total{signal=\"traces\"}");
+        let waited = Instant::now();
+        let deadline = waited + Duration::from_secs(12);
+        while Instant::now() < deadline {
+            let lost = dropped().unwrap_or(0.0) as u64;
+            if sink.tally.spans.load(Relaxed) + lost >= requests {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let t = &sink.tally;
+        OtlpExport {
+            requests,
+            spans: t.spans.load(Relaxed),
+            trace_exports: t.trace_exports.load(Relaxed),
+            data_points: t.data_points.load(Relaxed),
+            metric_exports: t.metric_exports.load(Relaxed),
+            bytes: t.bytes.load(Relaxed),
+            rejected: t.rejected.load(Relaxed),
+            dropped_spans: dropped(),
+            dropped_requests_for_metrics: scrape(
+                "tokenmeter_otel_dropped_total{signal=\"metrics\"}",
+            ),
+            export_errors: scrape("tokenmeter_otel_export_errors_total"),
+            waited: waited.elapsed(),
+        }
+    }
 }
 
 impl Context<'_> {
@@ -794,6 +891,9 @@ fn print_report(params: &Params, measured: &Measured, context: &Context) {
     if let (Some(t), Some(c)) = (tokenmeter_at, index("candidate")) {
         print_paired(measured, "candidate", c, "tokenmeter", t);
     }
+    if let (Some(t), Some(o)) = (tokenmeter_at, index(OTLP_WAY)) {
+        print_otlp(measured, context, t, o);
+    }
 
     println!();
     println!("Run:");
@@ -828,6 +928,9 @@ fn print_report(params: &Params, measured: &Measured, context: &Context) {
         params.levels.iter().copied().max().unwrap_or(0).max(16)
     );
     println!("- tokenmeter: this source's binary as `cargo build --release` builds it (not `cargo bench`'s, which carries tokio's test-util), on its embedded defaults (metrics and the live view on, no access log) with `--workers 1`: one event loop, as nginx has one worker; `{DEFAULT_WORKERS_WAY}`: the same on its default worker count (one per CPU: {cores} here), each worker its own event loop on its own thread");
+    if params.otlp {
+        println!("- `{OTLP_WAY}`: the same binary with `--workers 1` and OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:PORT (a sink in this process that decodes every body with opentelemetry-proto and discards it; its CPU is the bench's), OTEL_TRACES_SAMPLER=always_on (a span for every request), OTEL_METRIC_EXPORT_INTERVAL=1000 (metrics exported every second, within every round), the span queue and batch on the SDK's defaults; at one user it runs in the second phase, after direct");
+    }
     if params.pin {
         println!("- PINNED (TOKENMETER_BENCH_PIN): the load generator and the mock on CPU 0, the proxies on CPU 1; not issue 12's setup{}", if params.quick { "; QUICK run" } else { "" });
     } else {
@@ -961,6 +1064,86 @@ fn print_targets(
         if at + 1 != n {
             print_paired(measured, name, at + 1, "nginx", n);
         }
+    }
+}
+
+/// Issue 39's cost bound for OpenTelemetry export, reported, not enforced: the OTLP way's CPU per
+/// frame and RSS per open stream against tokenmeter's (OTLP off), and what reached the sink.
+fn print_otlp(measured: &Measured, context: &Context, t: usize, o: usize) {
+    println!();
+    println!("OTLP on (issue 39; reported, not enforced): `{OTLP_WAY}` against `tokenmeter` (OTLP off), both one worker:");
+    for level in &measured.levels {
+        let (off, on) = (
+            level.ways[t].proxy_cpu_per_1000(),
+            level.ways[o].proxy_cpu_per_1000(),
+        );
+        let within = off.zip(on).map(|(off, on)| on / off);
+        println!(
+            "- CPU s per 1,000 frames at {} streams within 5 % of OTLP off: off {}, on {}, on / off {}: {}",
+            level.streams,
+            or_na(off.map(|v| format!("{v:.4}"))),
+            or_na(on.map(|v| format!("{v:.4}"))),
+            or_na(within.map(|r| format!("{r:.3}"))),
+            within.map_or("n/a", |r| verdict(r <= 1.05))
+        );
+    }
+    let idle = |at: usize| context.proxies[at - 1].1.idle_rss_kib;
+    for level in &measured.levels {
+        let per_stream = |at: usize| -> Option<f64> {
+            let open = level.ways[at].max_rss_kib? as f64;
+            Some((open - idle(at)? as f64) / level.streams as f64)
+        };
+        println!(
+            "- RSS per open stream at {} streams: off {} KiB, on {} KiB (RSS off {} MiB, on {} MiB)",
+            level.streams,
+            or_na(per_stream(t).map(|v| format!("{v:.1}"))),
+            or_na(per_stream(o).map(|v| format!("{v:.1}"))),
+            or_na(level.ways[t].max_rss_kib.map(mib)),
+            or_na(level.ways[o].max_rss_kib.map(mib)),
+        );
+    }
+    // Idle RSS is read before any request, so the figures above also carry what export holds
+    // whatever the load (its thread, queue and buffers); the growth from one level to the next is
+    // what each further stream costs.
+    for pair in measured.levels.windows(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        if a.streams == b.streams {
+            continue;
+        }
+        let slope = |at: usize| -> Option<f64> {
+            let grown = b.ways[at].max_rss_kib? as f64 - a.ways[at].max_rss_kib? as f64;
+            Some(grown / (b.streams as f64 - a.streams as f64))
+        };
+        println!(
+            "- RSS added per stream from {} to {} streams: off {} KiB, on {} KiB",
+            a.streams,
+            b.streams,
+            or_na(slope(t).map(|v| format!("{v:.1}"))),
+            or_na(slope(o).map(|v| format!("{v:.1}"))),
+        );
+    }
+    print_paired(measured, OTLP_WAY, o, "tokenmeter", t);
+    if let Some(x) = &context.otlp_export {
+        let count = |v: Option<f64>| or_na(v.map(thousands));
+        println!(
+            "- spans decoded by the sink: {} of {} requests sent through `{OTLP_WAY}` ({}); tokenmeter_otel_dropped_total: traces {}, metrics {}; export errors {}; {} trace exports, {} metric exports with {} data points, {} MiB of protobuf, {} bodies rejected; the last spans arrived {:.1} s after the load ended",
+            thousands(x.spans as f64),
+            thousands(x.requests as f64),
+            if x.spans == x.requests {
+                "every one".to_string()
+            } else {
+                format!("{} missing", x.requests as i64 - x.spans as i64)
+            },
+            count(x.dropped_spans),
+            count(x.dropped_requests_for_metrics),
+            count(x.export_errors),
+            thousands(x.trace_exports as f64),
+            thousands(x.metric_exports as f64),
+            thousands(x.data_points as f64),
+            mib(x.bytes / 1024),
+            x.rejected,
+            x.waited.as_secs_f64()
+        );
     }
 }
 

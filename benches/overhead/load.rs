@@ -6,6 +6,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,6 +34,9 @@ pub(crate) struct Way {
     uri: Uri,
     /// The process the way passes through, whose CPU time and RSS are its cost.
     pub(crate) pid: Option<u32>,
+    /// Requests the way answered (a response head arrived), warm-up and uncounted ones included:
+    /// what a proxy that records every request has recorded.
+    pub(crate) answered: AtomicU64,
 }
 
 impl Way {
@@ -46,6 +50,7 @@ impl Way {
                 .parse()
                 .expect("a socket address makes a valid URI"),
             pid,
+            answered: AtomicU64::new(0),
         }
     }
 }
@@ -130,6 +135,7 @@ pub(crate) async fn stream_once(
         .request(request)
         .await
         .map_err(|e| format!("request failed: {e}"))?;
+    way.answered.fetch_add(1, Ordering::Relaxed);
     if response.status() != StatusCode::OK {
         return Err(format!("status {}", response.status()));
     }

@@ -18,6 +18,8 @@ use crate::serving::{self, Complaints};
 pub(crate) struct ProxyProcess {
     child: Child,
     pub(crate) listen: SocketAddr,
+    /// tokenmeter's admin listener (`/metrics`); `None` for the other proxies.
+    pub(crate) admin: Option<SocketAddr>,
     pub(crate) complaints: Complaints,
     /// VmRSS before any load.
     pub(crate) idle_rss_kib: Option<u64>,
@@ -54,6 +56,32 @@ impl ProxyProcess {
         upstream: SocketAddr,
         workers: Option<usize>,
     ) -> Result<ProxyProcess, String> {
+        ProxyProcess::tokenmeter_with(binary, upstream, workers, &[])
+    }
+
+    /// This source's `tokenmeter` with one worker, exporting over OTLP/HTTP to `sink`: metrics
+    /// every second (so export happens within the rounds) and a span for every request
+    /// (`always_on`); the span queue and batch on the SDK's defaults, as a user gets them.
+    pub(crate) fn tokenmeter_otlp(
+        upstream: SocketAddr,
+        sink: SocketAddr,
+    ) -> Result<ProxyProcess, String> {
+        let env = [
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{sink}")),
+            ("OTEL_TRACES_SAMPLER", "always_on".to_string()),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "1000".to_string()),
+        ];
+        ProxyProcess::tokenmeter_with(&crate::shipping::binary()?, upstream, Some(1), &env)
+    }
+
+    /// Every tokenmeter way starts here. The bench's own `OTEL_*` variables are not passed on:
+    /// only the way given `env` exports.
+    fn tokenmeter_with(
+        binary: &Path,
+        upstream: SocketAddr,
+        workers: Option<usize>,
+        env: &[(&str, String)],
+    ) -> Result<ProxyProcess, String> {
         let mut command = Command::new(binary);
         command
             .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
@@ -62,6 +90,12 @@ impl ProxyProcess {
         if let Some(workers) = workers {
             command.arg("--workers").arg(workers.to_string());
         }
+        for (name, _) in std::env::vars_os() {
+            if name.to_string_lossy().starts_with("OTEL_") {
+                command.env_remove(name);
+            }
+        }
+        command.envs(env.iter().map(|(k, v)| (k, v)));
         let mut child = command
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
@@ -73,6 +107,7 @@ impl ProxyProcess {
         let proxy = ProxyProcess {
             child,
             listen: serving::address(&line, "listen=")?,
+            admin: serving::address(&line, "admin=").ok(),
             complaints,
             idle_rss_kib: None,
             scratch: None,
@@ -102,6 +137,7 @@ impl ProxyProcess {
                     let proxy = ProxyProcess {
                         child,
                         listen,
+                        admin: None,
                         complaints,
                         idle_rss_kib: None,
                         scratch: Some(scratch),
@@ -297,6 +333,7 @@ pub(crate) fn relay(upstream: SocketAddr) -> Result<ProxyProcess, String> {
     let mut relay = ProxyProcess {
         child,
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        admin: None,
         complaints: Complaints::default(),
         idle_rss_kib: None,
         scratch: None,
@@ -338,6 +375,29 @@ pub(crate) fn relay_main(upstream: Option<&String>) -> Result<(), String> {
             });
         }
     })
+}
+
+/// One counter's value from a proxy's `/metrics` (the sum over its series whose name and labels
+/// begin with `series`), read with a plain HTTP/1.0 GET; `None` if it cannot be read.
+pub(crate) fn scrape(admin: SocketAddr, series: &str) -> Option<f64> {
+    use std::io::Write;
+    let mut stream = std::net::TcpStream::connect_timeout(&admin, Duration::from_secs(2)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: bench\r\n\r\n")
+        .ok()?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
+        return None;
+    }
+    let values: Vec<f64> = body
+        .lines()
+        .filter(|line| line.starts_with(series))
+        .filter_map(|line| line.rsplit(' ').next()?.parse().ok())
+        .collect();
+    Some(values.iter().sum())
 }
 
 /// Pins every thread of process `pid` to the CPUs of `mask` (`taskset`, from util-linux).
