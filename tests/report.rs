@@ -231,7 +231,7 @@ fn an_empty_file_says_so_and_nothing_at_all_is_exit_2_in_one_line() {
     assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
 }
 
-/// The JSON shape is documented (README "Why was it slow?"); a consumer must never find a
+/// The JSON shape is documented (docs/live-view-and-report.md, "Why was it slow?"); a consumer must never find a
 /// documented field gone or renamed.
 #[test]
 fn the_json_shape_is_the_documented_one() {

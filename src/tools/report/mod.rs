@@ -40,7 +40,7 @@ pub enum OutputFormat {
     /// Tables for a terminal.
     #[default]
     Text,
-    /// One JSON document (README "Why was it slow?" documents its shape).
+    /// One JSON document (docs/live-view-and-report.md, "Why was it slow?", documents its shape).
     Json,
 }
 
