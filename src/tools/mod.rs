@@ -5,13 +5,14 @@
 //! with the proxy between them, [`rules`] turns SLOs into Prometheus rules, [`inject`] adds the
 //! sidecar to Kubernetes YAML, [`report`] explains the slow requests in per-request records, [`check`]
 //! validates a configuration and warns about routes that cannot work as meant;
-//! [`cli`] is what every subcommand shares.
+//! [`cli`] is what every subcommand shares, [`palette`] the colours of every plot they draw.
 
 pub mod bench;
 pub mod check;
 pub mod cli;
 pub mod demo;
 pub mod inject;
+pub mod palette;
 pub mod report;
 pub mod rules;
 pub mod sim;

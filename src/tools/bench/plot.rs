@@ -44,13 +44,7 @@ fn curves(levels: &[LevelReport], prefix: &str, colours: [RGBColor; 3]) -> Vec<C
     ]
 }
 
-/// Okabe and Ito's colour-blind-safe palette.
-const BLUE: RGBColor = RGBColor(0, 114, 178);
-const VERMILLION: RGBColor = RGBColor(213, 94, 0);
-const BLUISH_GREEN: RGBColor = RGBColor(0, 158, 115);
-const SKY_BLUE: RGBColor = RGBColor(86, 180, 233);
-const ORANGE: RGBColor = RGBColor(230, 159, 0);
-const REDDISH_PURPLE: RGBColor = RGBColor(204, 121, 167);
+use crate::tools::palette::{BLUE, BLUISH_GREEN, ORANGE, REDDISH_PURPLE, SKY_BLUE, VERMILLION};
 
 /// Draws the sweep into `path` (an SVG file).
 pub fn write_svg(path: &Path, sweep: &Sweep) -> Result<(), String> {

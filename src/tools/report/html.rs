@@ -17,6 +17,8 @@ use std::fmt::Write as _;
 
 use plotters::prelude::*;
 
+use crate::tools::palette;
+
 use super::analyze::{Bend, Group, Level, Report, SloShown, Timeline};
 use super::figures::{ms, Quantiles, Spread};
 use super::pods::{self, Pods};
@@ -67,14 +69,14 @@ struct Key {
     dashed: bool,
 }
 
-// Okabe-Ito: blue, vermillion, reddish purple, bluish green, orange; black for thresholds.
-const TTFT_P50: RGBColor = RGBColor(0, 114, 178);
-const TTFT_P99: RGBColor = RGBColor(213, 94, 0);
-const E2E_P99: RGBColor = RGBColor(204, 121, 167);
-const TOKENS: RGBColor = RGBColor(0, 158, 115);
-const BEND: RGBColor = RGBColor(230, 159, 0);
-const MEDIAN: RGBColor = RGBColor(0, 158, 115);
-const SLO: RGBColor = RGBColor(0, 0, 0);
+// What each series is drawn in, from the tools' one palette.
+const TTFT_P50: RGBColor = palette::BLUE;
+const TTFT_P99: RGBColor = palette::VERMILLION;
+const E2E_P99: RGBColor = palette::REDDISH_PURPLE;
+const TOKENS: RGBColor = palette::BLUISH_GREEN;
+const BEND: RGBColor = palette::ORANGE;
+const MEDIAN: RGBColor = palette::BLUISH_GREEN;
+const SLO: RGBColor = palette::BLACK;
 
 /// A plot and its legend.
 fn figure(plot: Result<(String, Vec<Key>), String>) -> String {
