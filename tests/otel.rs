@@ -135,11 +135,17 @@ fn otel_to(addr: SocketAddr, more: impl FnOnce(&mut Otel)) -> impl FnOnce(&mut C
     }
 }
 
+/// The model the upstream's responses name: not the request's own (`llama-3`), as a server
+/// that resolves an alias answers.
+const SERVED_MODEL: &str = "llama-3-8b-instruct";
+
 fn stream_script() -> Script {
     Script::stream(
         "text/event-stream",
         vec![
-            role_chunk(),
+            Bytes::from(format!(
+                "data: {{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"model\":\"{SERVED_MODEL}\",\"choices\":[{{\"index\":0,\"delta\":{{\"role\":\"assistant\",\"content\":\"\"}},\"finish_reason\":null}}]}}\n\n"
+            )),
             chat_chunk("Hello"),
             chat_chunk(" world"),
             finish_chunk("stop", Some(3)),
@@ -258,6 +264,10 @@ async fn metrics_and_spans_agree_with_the_records_and_spans_sit_in_the_callers_t
         assert_eq!(text(a, "gen_ai.provider.name").as_deref(), Some("openai"));
         assert_eq!(text(a, "gen_ai.request.model").as_deref(), Some("llama-3"));
         assert_eq!(
+            text(a, "gen_ai.response.model").as_deref(),
+            Some(SERVED_MODEL)
+        );
+        assert_eq!(
             number(a, "gen_ai.usage.output_tokens"),
             record["output_tokens"].as_f64()
         );
@@ -326,6 +336,10 @@ async fn metrics_and_spans_agree_with_the_records_and_spans_sit_in_the_callers_t
             assert_eq!(text(a, "gen_ai.operation.name").as_deref(), Some("chat"));
             assert_eq!(text(a, "gen_ai.provider.name").as_deref(), Some("openai"));
             assert_eq!(text(a, "gen_ai.request.model").as_deref(), Some("llama-3"));
+            assert_eq!(
+                text(a, "gen_ai.response.model").as_deref(),
+                Some(SERVED_MODEL)
+            );
             assert_eq!(text(a, "server.address").as_deref(), Some("127.0.0.1"));
             assert_eq!(text(a, "tokenmeter.route").as_deref(), Some("default"));
             assert!(attr(a, "error.type").is_none());

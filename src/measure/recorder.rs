@@ -758,6 +758,10 @@ impl Active {
                 .reader
                 .as_ref()
                 .is_some_and(|r| matches!(r.framing(), Framing::Sse | Framing::Ndjson)),
+            response_model: self
+                .reader
+                .as_ref()
+                .and_then(|r| r.summary().response_model.clone()),
         }
     }
 

@@ -192,6 +192,9 @@ pub struct StreamSummary {
     /// What the stream said that explains its figures: cached prompt tokens, reasoning tokens,
     /// the engine's own timing.
     pub engine: EngineReport,
+    /// The model the response named (`gen_ai.response.model`): looked for in the events up to
+    /// the first output event and in a whole body, never after, so about once per response.
+    pub response_model: Option<Box<str>>,
 }
 
 /// Where a framer hands the events it cut out of the body.

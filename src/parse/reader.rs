@@ -196,8 +196,18 @@ impl Tally<'_> {
             return;
         }
         self.summary.events = self.summary.events.saturating_add(1);
+        self.look_for_model(body);
         let verdict = self.interpreter.body(body, &mut self.summary.engine);
         self.after(verdict);
+    }
+
+    /// Reads the model the response names, until it is known or the first output event has
+    /// passed: a stream that has not named its model by then never does (TGI's native API,
+    /// SGLang's), and the events after it are the hot path.
+    fn look_for_model(&mut self, data: &[u8]) {
+        if self.summary.response_model.is_none() && self.summary.first_output_event.is_none() {
+            self.summary.response_model = super::dialect::response_model(data);
+        }
     }
 
     /// Applies a verdict, unless the event was the one that made sniffing give up: then the
@@ -260,6 +270,7 @@ impl EventSink for Tally<'_> {
             return;
         }
         self.summary.events = self.summary.events.saturating_add(1);
+        self.look_for_model(data);
         let verdict = self
             .interpreter
             .event(event_type, data, &mut self.summary.engine);

@@ -1346,3 +1346,73 @@ proptest! {
         prop_assert_eq!(report.cached_tokens, None);
     }
 }
+
+/// Every captured stream names the model its first events name, read as serde_json reads them
+/// (a top-level `model`, Anthropic's `message.model`, the Responses API's `response.model`), and
+/// no model it names only after its first output event: that part of a stream is the hot path.
+#[test]
+fn fixtures_name_the_model_their_first_events_name() {
+    fn named(data: &[u8]) -> Option<String> {
+        let v: serde_json::Value = serde_json::from_slice(data).ok()?;
+        let found = [&v["model"], &v["message"]["model"], &v["response"]["model"]]
+            .into_iter()
+            .find_map(|m| m.as_str().filter(|m| !m.is_empty()).map(String::from));
+        found
+    }
+    let mut named_some = 0;
+    for dir in [fixtures_dir(), own_fixtures_dir()] {
+        let expected: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(dir.join("expected.json")).expect("expected.json is readable"),
+        )
+        .expect("expected.json is JSON");
+        for (name, want) in expected.as_object().expect("an object") {
+            let bytes = std::fs::read(dir.join(name)).expect("fixture is readable");
+            let dialect_name = want["dialect"].as_str().expect("a dialect name");
+            let path = want
+                .get("path")
+                .and_then(|p| p.as_str())
+                .unwrap_or_else(|| path_for(dialect_name));
+            let (framing, dialect) = detect(path, Some(content_type_of_file(name)), None, None);
+            let r = read(framing, dialect, 1 << 20, &[&bytes]);
+            // The events as a reference cuts them: each fixture event is one `data:` line
+            // (or one NDJSON line, or the whole body).
+            let events: Vec<&[u8]> = match framing {
+                Framing::Json => vec![&bytes[..]],
+                _ => bytes
+                    .split(|&b| b == b'\n')
+                    .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
+                    .filter_map(|l| match framing {
+                        Framing::Sse => l
+                            .strip_prefix(b"data:")
+                            .map(|d| d.strip_prefix(b" ").unwrap_or(d)),
+                        _ => (!l.trim_ascii().is_empty()).then_some(l),
+                    })
+                    .collect(),
+            };
+            let last = r.summary.first_output_event.unwrap_or(u64::MAX);
+            let want = events
+                .iter()
+                .take(usize::try_from(last).unwrap_or(usize::MAX))
+                .find_map(|e| named(e));
+            assert_eq!(
+                r.summary.response_model.as_deref(),
+                want.as_deref(),
+                "{name}"
+            );
+            named_some += usize::from(want.is_some());
+        }
+    }
+    assert!(named_some >= 20, "only {named_some} fixtures name a model");
+    let model = |name: &str| {
+        let bytes = std::fs::read(fixtures_dir().join(name)).expect("fixture is readable");
+        let (framing, dialect) =
+            detect(path_for("anthropic"), Some("text/event-stream"), None, None);
+        read(framing, dialect, 1 << 20, &[&bytes])
+            .summary
+            .response_model
+    };
+    assert_eq!(
+        model("anthropic_messages_basic.sse").as_deref(),
+        Some("claude-3-opus-latest")
+    );
+}

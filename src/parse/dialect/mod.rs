@@ -15,6 +15,7 @@
 
 mod anthropic;
 mod llamacpp;
+mod model;
 mod ollama;
 mod openai;
 mod responses;
@@ -29,6 +30,7 @@ use serde::de::{Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+pub(super) use self::model::response_model;
 use super::event::{Dialect, FinishReason};
 use super::report::{span, update, Engine, EngineReport};
 

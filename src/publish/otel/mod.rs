@@ -16,7 +16,7 @@
 mod histogram;
 pub(crate) mod semconv;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -55,6 +55,9 @@ use crate::publish::record::Record;
 pub(crate) const QUEUE_DEPTH: usize = 4096;
 /// The most of a collector's answer that is read (a partial-success message at most).
 const MAX_ANSWER_BYTES: usize = 64 * 1024;
+/// Distinct `gen_ai.response.model` values the metrics carry beyond the request's own model;
+/// a response naming yet another leaves the attribute off its points, so series stay bounded.
+const MAX_RESPONSE_MODELS: usize = 32;
 /// While exports fail, how often the log says so again.
 const FAILURE_LOG_EVERY: Duration = Duration::from_secs(60);
 
@@ -69,6 +72,8 @@ pub(crate) struct Finished {
     pub(crate) dialect: Option<Dialect>,
     /// The response was a stream (SSE or NDJSON).
     pub(crate) stream: bool,
+    /// The model the response named, when it named one.
+    pub(crate) response_model: Option<Box<str>>,
 }
 
 enum Message {
@@ -245,6 +250,7 @@ pub(crate) fn start(
         server_port,
         started: unix_nanos(SystemTime::now()),
         series: HashMap::new(),
+        response_models: ResponseModels::default(),
         pending: Vec::new(),
         counters,
         queued_requests,
@@ -275,6 +281,8 @@ struct SeriesKey {
     operation: &'static str,
     provider: &'static str,
     model: Arc<str>,
+    /// `gen_ai.response.model`, bounded (see [`MAX_RESPONSE_MODELS`]).
+    response_model: Option<Arc<str>>,
     route: Arc<str>,
 }
 
@@ -296,6 +304,37 @@ struct Series {
     good_output_tokens: u64,
 }
 
+/// The response models the metrics name that are not a request's own model, at most
+/// [`MAX_RESPONSE_MODELS`].
+#[derive(Default)]
+struct ResponseModels(HashSet<Arc<str>>);
+
+impl ResponseModels {
+    /// `gen_ai.response.model` as the metrics carry it: the request's bounded model label when
+    /// the response names the model the request asked for (the usual case), else the name
+    /// itself while fewer than [`MAX_RESPONSE_MODELS`] others have been seen, else nothing.
+    fn label(
+        &mut self,
+        named: Option<&str>,
+        requested: Option<&str>,
+        model_label: &Arc<str>,
+    ) -> Option<Arc<str>> {
+        let named = named?;
+        if requested == Some(named) {
+            return Some(model_label.clone());
+        }
+        if let Some(known) = self.0.get(named) {
+            return Some(known.clone());
+        }
+        if self.0.len() >= MAX_RESPONSE_MODELS {
+            return None;
+        }
+        let label: Arc<str> = Arc::from(named);
+        self.0.insert(label.clone());
+        Some(label)
+    }
+}
+
 /// The exporter thread's state.
 struct Exporter {
     settings: Arc<OtelSettings>,
@@ -305,6 +344,7 @@ struct Exporter {
     /// Cumulative series start here.
     started: u64,
     series: HashMap<SeriesKey, Series>,
+    response_models: ResponseModels,
     /// Spans sampled and waiting for export, at most `max_queue_size`.
     pending: Vec<Span>,
     counters: Arc<Counters>,
@@ -442,6 +482,11 @@ impl Exporter {
             operation,
             provider,
             model: f.model_label.clone(),
+            response_model: self.response_models.label(
+                f.response_model.as_deref(),
+                f.record.model.as_deref(),
+                &f.model_label,
+            ),
             route: r.route.clone(),
         };
         if !self.series.contains_key(&key) {
@@ -494,14 +539,18 @@ impl Exporter {
     }
 
     fn base_attributes(&self, key: &SeriesKey) -> Vec<KeyValue> {
-        vec![
+        let mut a = vec![
             kv(sc::OPERATION_NAME, string(key.operation)),
             kv(sc::PROVIDER_NAME, string(key.provider)),
             kv(sc::REQUEST_MODEL, string(&key.model)),
             kv(sc::SERVER_ADDRESS, string(&self.server_address)),
             kv(sc::SERVER_PORT, int(self.server_port)),
             kv(sc::ROUTE, string(&key.route)),
-        ]
+        ];
+        if let Some(m) = &key.response_model {
+            a.push(kv(sc::RESPONSE_MODEL, string(m)));
+        }
+        a
     }
 
     /// Every series as it stands, as one OTLP request.
@@ -818,6 +867,7 @@ impl Exporter {
             }
         };
         opt(sc::REQUEST_MODEL, r.model.as_deref().map(string));
+        opt(sc::RESPONSE_MODEL, f.response_model.as_deref().map(string));
         opt(
             sc::HTTP_RESPONSE_STATUS_CODE,
             r.status.map(|s| int(i64::from(s))),
@@ -1099,6 +1149,32 @@ mod tests {
             operation_and_provider("/v1/embeddings", None),
             ("embeddings", "openai")
         );
+    }
+
+    #[test]
+    fn response_models_on_metrics_stay_bounded() {
+        let mut models = ResponseModels::default();
+        let label: Arc<str> = Arc::from("other");
+        // The request's own model takes the request's bounded label, however many there are.
+        assert_eq!(
+            models.label(Some("m-0"), Some("m-0"), &label).as_deref(),
+            Some("other")
+        );
+        assert_eq!(models.label(None, Some("m-0"), &label), None);
+        for i in 0..MAX_RESPONSE_MODELS {
+            let name = format!("served-{i}");
+            assert_eq!(
+                models.label(Some(&name), Some("alias"), &label).as_deref(),
+                Some(name.as_str())
+            );
+        }
+        // Past the bound a new name is left off; the ones already named keep their points.
+        assert_eq!(models.label(Some("one-more"), Some("alias"), &label), None);
+        assert_eq!(
+            models.label(Some("served-0"), None, &label).as_deref(),
+            Some("served-0")
+        );
+        assert_eq!(models.0.len(), MAX_RESPONSE_MODELS);
     }
 
     #[test]

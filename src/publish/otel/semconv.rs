@@ -32,6 +32,7 @@ pub(crate) const REQUESTS_UNIT: &str = "{request}";
 pub(crate) const OPERATION_NAME: &str = "gen_ai.operation.name";
 pub(crate) const PROVIDER_NAME: &str = "gen_ai.provider.name";
 pub(crate) const REQUEST_MODEL: &str = "gen_ai.request.model";
+pub(crate) const RESPONSE_MODEL: &str = "gen_ai.response.model";
 pub(crate) const REQUEST_STREAM: &str = "gen_ai.request.stream";
 pub(crate) const TOKEN_TYPE: &str = "gen_ai.token.type";
 pub(crate) const USAGE_INPUT_TOKENS: &str = "gen_ai.usage.input_tokens";
