@@ -40,10 +40,8 @@ fn inner_model(cursor: &mut Cursor) -> Option<Option<Box<str>>> {
     let mut found = None;
     while let Some(key) = cursor.key(&mut members)? {
         if key == b"model" && found.is_none() {
-            found = model_string(cursor);
-            if found.is_none() {
-                return None;
-            }
+            // A `model` that is not a usable name: no model, not one from elsewhere.
+            found = Some(model_string(cursor)?);
         } else {
             cursor.skip_value()?;
         }
