@@ -38,10 +38,20 @@ struct Receiver {
     metrics: Arc<Mutex<Vec<ExportMetricsServiceRequest>>>,
     spans: Arc<Mutex<Vec<Span>>>,
     status: Arc<AtomicU16>,
+    /// Each body's `content-encoding` (empty for none).
+    encodings: Arc<Mutex<Vec<String>>>,
 }
 
 impl Receiver {
     async fn start(status: u16) -> (Receiver, SocketAddr) {
+        Receiver::start_with(status, None).await
+    }
+
+    /// Over TLS when `tls` is given: a connection whose handshake fails is dropped.
+    async fn start_with(
+        status: u16,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+    ) -> (Receiver, SocketAddr) {
         let receiver = Receiver::default();
         receiver.status.store(status, Ordering::Relaxed);
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -53,17 +63,32 @@ impl Receiver {
                     return;
                 };
                 let r = r.clone();
+                let tls = tls.clone();
                 tokio::spawn(async move {
                     let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
                         let r = r.clone();
                         async move {
                             let path = req.uri().path().to_string();
-                            let content_type = req
-                                .headers()
-                                .get("content-type")
-                                .and_then(|v| v.to_str().ok())
-                                .map(str::to_owned);
+                            let header = |name: &str| {
+                                req.headers()
+                                    .get(name)
+                                    .and_then(|v| v.to_str().ok())
+                                    .map(str::to_owned)
+                            };
+                            let content_type = header("content-type");
+                            let encoding = header("content-encoding").unwrap_or_default();
                             let body = req.into_body().collect().await?.to_bytes();
+                            let body = if encoding == "gzip" {
+                                use std::io::Read as _;
+                                let mut plain = Vec::new();
+                                flate2::read::GzDecoder::new(&body[..])
+                                    .read_to_end(&mut plain)
+                                    .expect("a gzip body");
+                                Bytes::from(plain)
+                            } else {
+                                body
+                            };
+                            r.encodings.lock().unwrap().push(encoding);
                             assert_eq!(content_type.as_deref(), Some("application/x-protobuf"));
                             let status = r.status.load(Ordering::Relaxed);
                             if status == HANG {
@@ -95,9 +120,21 @@ impl Receiver {
                             )
                         }
                     });
-                    let _ = http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
+                    match tls {
+                        None => {
+                            let _ = http1::Builder::new()
+                                .serve_connection(TokioIo::new(stream), service)
+                                .await;
+                        }
+                        Some(acceptor) => {
+                            let Ok(stream) = acceptor.accept(stream).await else {
+                                return;
+                            };
+                            let _ = http1::Builder::new()
+                                .serve_connection(TokioIo::new(stream), service)
+                                .await;
+                        }
+                    }
                 });
             }
         });
@@ -633,4 +670,141 @@ fn a_bad_otel_section_names_its_field() {
         err.contains("unknown field `endpont`") && err.contains("line 2"),
         "{err}"
     );
+}
+
+/// A CA, a server certificate for 127.0.0.1 and a client certificate, both signed by the CA, as
+/// PEM files in `dir`; and a TLS acceptor that requires a client certificate from that CA.
+fn mutual_tls(dir: &std::path::Path) -> (tokio_rustls::TlsAcceptor, [std::path::PathBuf; 3]) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let leaf = |names: Vec<String>| {
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(names)
+            .unwrap()
+            .signed_by(&key, &ca, &ca_key)
+            .unwrap();
+        (cert, key)
+    };
+    let (server, server_key) = leaf(vec!["127.0.0.1".into()]);
+    let (client, client_key) = leaf(vec!["tokenmeter".into()]);
+    let paths = [
+        dir.join("ca.pem"),
+        dir.join("client.pem"),
+        dir.join("client.key"),
+    ];
+    std::fs::write(&paths[0], ca.pem()).unwrap();
+    std::fs::write(&paths[1], client.pem()).unwrap();
+    std::fs::write(&paths[2], client_key.serialize_pem()).unwrap();
+    #[allow(deprecated)] // ring, as tokenmeter's own client uses
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.der().clone()).unwrap();
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .build()
+    .unwrap();
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(server_key.serialize_der().into());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(vec![server.der().clone()], key)
+        .unwrap();
+    (tokio_rustls::TlsAcceptor::from(Arc::new(config)), paths)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_with_mutual_tls_and_gzip_reaches_the_collector_and_a_wrong_setup_costs_clients_nothing(
+) {
+    let dir = TempDir::new();
+    let (acceptor, [ca, client_cert, client_key]) = mutual_tls(dir.path());
+    let upstream = upstream(|_| stream_script()).await;
+    let (receiver, addr) = Receiver::start_with(200, Some(acceptor)).await;
+    let https = |client: bool| {
+        let (ca, client_cert, client_key) = (ca.clone(), client_cert.clone(), client_key.clone());
+        move |c: &mut Config| {
+            otel_to(addr, |o| {
+                o.endpoint = Some(format!("https://{addr}"));
+                o.compression = Some("gzip".into());
+                o.certificate = Some(ca.display().to_string());
+                if client {
+                    o.client_certificate = Some(client_cert.display().to_string());
+                    o.client_key = Some(client_key.display().to_string());
+                }
+            })(c)
+        }
+    };
+    let sending = proxy(upstream.addr, https(true)).await;
+    for _ in 0..2 {
+        let r = send(
+            &sending.url("/v1/chat/completions"),
+            "POST",
+            &chat_request("llama-3"),
+            &[("content-type", "application/json")],
+            false,
+        )
+        .await;
+        assert_eq!(r.status, 200);
+    }
+    until("two spans over https", || receiver.spans().len() == 2).await;
+    until("metrics over https", || {
+        receiver.latest("gen_ai.server.request.duration").is_some()
+    })
+    .await;
+    let encodings = receiver.encodings.lock().unwrap().clone();
+    assert!(!encodings.is_empty());
+    assert!(encodings.iter().all(|e| e == "gzip"), "{encodings:?}");
+    assert_eq!(
+        series(&sending.metrics(), "tokenmeter_otel_export_errors_total"),
+        0.0
+    );
+
+    // Without the client certificate the collector refuses the handshake: every export fails
+    // and is counted, every request is whole.
+    let spans_before = receiver.spans().len();
+    let refused = proxy(upstream.addr, https(false)).await;
+    for _ in 0..2 {
+        let r = send(
+            &refused.url("/v1/chat/completions"),
+            "POST",
+            &chat_request("llama-3"),
+            &[("content-type", "application/json")],
+            false,
+        )
+        .await;
+        assert_eq!(r.status, 200);
+        assert!(r.body_error.is_none());
+    }
+    until("failed exports counted", || {
+        series(&refused.metrics(), "tokenmeter_otel_export_errors_total") >= 2.0
+    })
+    .await;
+    assert_eq!(receiver.spans().len(), spans_before);
+
+    // A TLS file that cannot be used stops the start, naming the setting and the file.
+    let mut config = Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        admin: "127.0.0.1:0".parse().unwrap(),
+        upstream: tokenmeter::Upstream::parse(&format!("http://{}", upstream.addr)).unwrap(),
+        ..Config::default()
+    };
+    otel_to(addr, |o| {
+        o.endpoint = Some(format!("https://{addr}"));
+        o.certificate = Some(dir.path().join("missing.pem").display().to_string());
+    })(&mut config);
+    let err = tokenmeter::start(config, None, Default::default())
+        .await
+        .err()
+        .expect("a missing CA file stops the start")
+        .to_string();
+    assert!(
+        err.contains("otel.certificate") && err.contains("missing.pem"),
+        "{err}"
+    );
+    assert!(!err.contains('\n'), "{err}");
 }

@@ -35,7 +35,8 @@ pub use file::{read as read_file, MAX_FILE_BYTES};
 pub use identity::Identity;
 pub use nesting::MAX_NESTING;
 pub use otel::{
-    resolve as resolve_otel, Endpoint, HistogramAggregation, Otel, OtelSettings, Root, Sampler,
+    resolve as resolve_otel, Compression, Endpoint, HistogramAggregation, Otel, OtelSettings,
+    PemFile, Root, Sampler,
 };
 
 /// The name of the route that takes every request no configured route matched.

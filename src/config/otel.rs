@@ -52,6 +52,19 @@ pub struct Otel {
     /// `OTEL_EXPORTER_OTLP_TIMEOUT`: the longest one export may take.
     #[serde(default, deserialize_with = "opt_duration")]
     pub timeout: Option<Duration>,
+    /// `OTEL_EXPORTER_OTLP_COMPRESSION`: `gzip` or `none`.
+    #[serde(default, deserialize_with = "optional_text")]
+    pub compression: Option<String>,
+    /// `OTEL_EXPORTER_OTLP_CERTIFICATE`: a PEM file of the CAs an https collector's certificate
+    /// may chain to, beside Mozilla's roots.
+    #[serde(default, deserialize_with = "optional_text")]
+    pub certificate: Option<String>,
+    /// `OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE`: a PEM certificate chain for mutual TLS.
+    #[serde(default, deserialize_with = "optional_text")]
+    pub client_certificate: Option<String>,
+    /// `OTEL_EXPORTER_OTLP_CLIENT_KEY`: the PEM private key of `client_certificate`.
+    #[serde(default, deserialize_with = "optional_text")]
+    pub client_key: Option<String>,
     /// `OTEL_SERVICE_NAME`.
     #[serde(default, deserialize_with = "optional_text")]
     pub service_name: Option<String>,
@@ -136,16 +149,42 @@ pub enum Root {
     TraceIdRatio(f64),
 }
 
-/// An OTLP/HTTP endpoint: `http://host:port/path`.
+/// How an export body is sent (`OTEL_EXPORTER_OTLP_COMPRESSION`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compression {
+    None,
+    Gzip,
+}
+
+/// A PEM file a setting names, with the setting's name for the errors reading it gives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PemFile {
+    pub path: std::path::PathBuf,
+    /// The variable or `otel.` field it came from.
+    pub setting: String,
+}
+
+/// Where and how one signal is sent: an OTLP/HTTP URL (`http://` or `https://host:port/path`)
+/// and the signal's own headers, timeout, compression and TLS files, each from the signal's
+/// variable (`OTEL_EXPORTER_OTLP_TRACES_HEADERS`), else the general one, else the file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Endpoint {
+    pub tls: bool,
     pub authority: http::uri::Authority,
     pub path: http::uri::PathAndQuery,
+    pub headers: Vec<(String, String)>,
+    pub timeout: Duration,
+    pub compression: Compression,
+    /// CAs trusted beside Mozilla's roots.
+    pub certificate: Option<PemFile>,
+    /// A client certificate chain and its key, for mutual TLS.
+    pub client: Option<(PemFile, PemFile)>,
 }
 
 impl fmt::Display for Endpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "http://{}{}", self.authority, self.path)
+        let scheme = if self.tls { "https" } else { "http" };
+        write!(f, "{scheme}://{}{}", self.authority, self.path)
     }
 }
 
@@ -156,8 +195,6 @@ pub struct OtelSettings {
     pub metrics_endpoint: Option<Endpoint>,
     /// `None`: spans are not exported.
     pub traces_endpoint: Option<Endpoint>,
-    pub headers: Vec<(String, String)>,
-    pub timeout: Duration,
     /// The resource's attributes, `service.name` included.
     pub resource: Vec<(String, String)>,
     pub metric_export_interval: Duration,
@@ -179,9 +216,9 @@ pub const DEFAULT_MAX_EXPORT_BATCH_SIZE: usize = 512;
 pub const MAX_QUEUE_SIZE: usize = 65_536;
 
 /// One setting's value and where it came from, for error messages.
-struct Source<'a> {
+struct Source {
     value: Option<String>,
-    name: &'a str,
+    name: String,
 }
 
 /// Resolves the settings: `env` looks a variable up (the process's environment, or a test's
@@ -195,16 +232,28 @@ pub fn resolve(
     let empty = Otel::default();
     let f = file.unwrap_or(&empty);
     // Environment first, then the file: each pick says where its value came from.
-    let pick = |var: &'static str, field: &'static str, from_file: Option<String>| -> Source {
+    let pick = |var: &str, field: &str, from_file: Option<String>| -> Source {
         match env(var) {
             Some(v) => Source {
                 value: Some(v),
-                name: var,
+                name: var.to_string(),
             },
             None => Source {
                 value: from_file,
-                name: field,
+                name: field.to_string(),
             },
+        }
+    };
+    // A signal's own variable (`OTEL_EXPORTER_OTLP_TRACES_COMPRESSION`), else the general one
+    // (`OTEL_EXPORTER_OTLP_COMPRESSION`), else the file's field.
+    let pick_for = |signal: &str, setting: &str, field: &str, from_file: Option<String>| {
+        let own = format!("OTEL_EXPORTER_OTLP_{signal}_{setting}");
+        match env(&own) {
+            Some(v) => Source {
+                value: Some(v),
+                name: own,
+            },
+            None => pick(&format!("OTEL_EXPORTER_OTLP_{setting}"), field, from_file),
         }
     };
     let endpoint_vars = [
@@ -252,16 +301,116 @@ pub fn resolve(
         .unwrap_or_else(|| DEFAULT_ENDPOINT.into());
     // Checked as written, so that an error quotes what the operator wrote.
     endpoint(&base_text, &base)?;
-    let signal_endpoint = |var, field, from_file: Option<String>, suffix: &str| {
-        let own = pick(var, field, from_file);
-        match &own.value {
-            Some(url) => endpoint(url, &own),
+    let signal_endpoint = |signal: &str, from_file: Option<String>, suffix: &str| {
+        let own = pick(
+            &format!("OTEL_EXPORTER_OTLP_{signal}_ENDPOINT"),
+            &format!("otel.{}_endpoint", signal.to_ascii_lowercase()),
+            from_file,
+        );
+        let (tls, authority, path) = match &own.value {
+            Some(url) => endpoint(url, &own)?,
             None => {
                 // The base URL with the signal's path added, after a `/` (the specification).
                 let joined = format!("{}/{suffix}", base_text.trim_end_matches('/'));
-                endpoint(&joined, &base)
+                endpoint(&joined, &base)?
+            }
+        };
+        let headers = {
+            let h = pick_for(signal, "HEADERS", "otel.headers", None);
+            match &h.value {
+                Some(v) => pairs(v, &h.name)?,
+                None => f
+                    .headers
+                    .iter()
+                    .flatten()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+            }
+        };
+        for (name, value) in &headers {
+            if http::HeaderName::from_bytes(name.as_bytes()).is_err()
+                || http::HeaderValue::from_str(value).is_err()
+            {
+                return Err(format!(
+                    "OTLP header `{}`: not a valid HTTP header name and value",
+                    excerpt(name)
+                ));
             }
         }
+        let timeout = {
+            let t = pick_for(signal, "TIMEOUT", "otel.timeout", None);
+            millis(&t.name, t.value)?
+                .or(f.timeout)
+                .unwrap_or(DEFAULT_TIMEOUT)
+        };
+        let compression = pick_for(
+            signal,
+            "COMPRESSION",
+            "otel.compression",
+            f.compression.clone(),
+        );
+        let compression = match compression.value.as_deref().map(str::trim) {
+            None | Some("none") => Compression::None,
+            Some("gzip") => Compression::Gzip,
+            Some(_) => return Err(bad(&compression, "gzip or none")),
+        };
+        let pem = |setting: &str, field: &str, from_file: &Option<String>| {
+            let p = pick_for(signal, setting, field, from_file.clone());
+            p.value.map(|v| PemFile {
+                path: v.trim().into(),
+                setting: p.name,
+            })
+        };
+        let certificate = pem("CERTIFICATE", "otel.certificate", &f.certificate);
+        let client = match (
+            pem(
+                "CLIENT_CERTIFICATE",
+                "otel.client_certificate",
+                &f.client_certificate,
+            ),
+            pem("CLIENT_KEY", "otel.client_key", &f.client_key),
+        ) {
+            (Some(c), Some(k)) => Some((c, k)),
+            (None, None) => None,
+            (Some(c), None) => {
+                return Err(format!(
+                    "{}: a client certificate needs its key (OTEL_EXPORTER_OTLP_CLIENT_KEY or otel.client_key)",
+                    c.setting
+                ))
+            }
+            (None, Some(k)) => {
+                return Err(format!(
+                    "{}: a client key needs its certificate (OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE or otel.client_certificate)",
+                    k.setting
+                ))
+            }
+        };
+        // TLS files for a plain-http signal: the signal's own setting is a mistake; a general
+        // one may serve the other signal (checked once both are known).
+        let (certificate, client) = if tls {
+            (certificate, client)
+        } else {
+            let own = format!("_{signal}_");
+            let files = certificate.iter().chain(client.iter().map(|c| &c.0));
+            if let Some(p) = files.into_iter().find(|p| p.setting.contains(&own)) {
+                return Err(format!(
+                    "{}: TLS files need an https:// endpoint; {} go to http://{authority}",
+                    p.setting,
+                    signal.to_ascii_lowercase()
+                ));
+            }
+            (None, None)
+        };
+        Ok::<Endpoint, String>(Endpoint {
+            tls,
+            authority,
+            path,
+            headers,
+            timeout,
+            compression,
+            certificate,
+            client,
+        })
     };
     let exporter = |var, field, from_file: Option<String>| -> Result<bool, String> {
         let s = pick(var, field, from_file);
@@ -277,8 +426,7 @@ pub fn resolve(
         f.metrics_exporter.clone(),
     )? {
         Some(signal_endpoint(
-            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
-            "otel.metrics_endpoint",
+            "METRICS",
             f.metrics_endpoint.clone(),
             "v1/metrics",
         )?)
@@ -291,34 +439,13 @@ pub fn resolve(
         f.traces_exporter.clone(),
     )? {
         Some(signal_endpoint(
-            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-            "otel.traces_endpoint",
+            "TRACES",
             f.traces_endpoint.clone(),
             "v1/traces",
         )?)
     } else {
         None
     };
-
-    let headers = match env("OTEL_EXPORTER_OTLP_HEADERS") {
-        Some(v) => pairs(&v, "OTEL_EXPORTER_OTLP_HEADERS")?,
-        None => f
-            .headers
-            .iter()
-            .flatten()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect(),
-    };
-    for (name, value) in &headers {
-        if http::HeaderName::from_bytes(name.as_bytes()).is_err()
-            || http::HeaderValue::from_str(value).is_err()
-        {
-            return Err(format!(
-                "OTLP header `{}`: not a valid HTTP header name and value",
-                excerpt(name)
-            ));
-        }
-    }
 
     let mut resource: Vec<(String, String)> = match env("OTEL_RESOURCE_ATTRIBUTES") {
         Some(v) => pairs(&v, "OTEL_RESOURCE_ATTRIBUTES")?,
@@ -342,12 +469,6 @@ pub fn resolve(
     resource.retain(|(k, _)| k != "service.name");
     resource.insert(0, ("service.name".into(), service_name));
 
-    let timeout = millis(
-        "OTEL_EXPORTER_OTLP_TIMEOUT",
-        env("OTEL_EXPORTER_OTLP_TIMEOUT"),
-    )?
-    .or(f.timeout)
-    .unwrap_or(DEFAULT_TIMEOUT);
     let metric_export_interval = millis(
         "OTEL_METRIC_EXPORT_INTERVAL",
         env("OTEL_METRIC_EXPORT_INTERVAL"),
@@ -443,11 +564,40 @@ pub fn resolve(
     if metrics_endpoint.is_none() && traces_endpoint.is_none() {
         return Ok(None);
     }
+    let https = [&metrics_endpoint, &traces_endpoint]
+        .into_iter()
+        .flatten()
+        .any(|e| e.tls);
+    if !https {
+        for (var, field, from_file) in [
+            (
+                "OTEL_EXPORTER_OTLP_CERTIFICATE",
+                "otel.certificate",
+                &f.certificate,
+            ),
+            (
+                "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+                "otel.client_certificate",
+                &f.client_certificate,
+            ),
+            (
+                "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+                "otel.client_key",
+                &f.client_key,
+            ),
+        ] {
+            let s = pick(var, field, from_file.clone());
+            if s.value.is_some() {
+                return Err(format!(
+                    "{}: TLS files need an https:// endpoint; every signal goes over http",
+                    s.name
+                ));
+            }
+        }
+    }
     Ok(Some(OtelSettings {
         metrics_endpoint,
         traces_endpoint,
-        headers,
-        timeout,
         resource,
         metric_export_interval,
         histogram,
@@ -537,29 +687,27 @@ fn percent_decode(text: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// Parses an OTLP/HTTP endpoint; `source` names where it came from.
-fn endpoint(url: &str, source: &Source) -> Result<Endpoint, String> {
+/// Parses an OTLP/HTTP URL: whether it is https, its authority and path; `source` names where
+/// it came from.
+fn endpoint(
+    url: &str,
+    source: &Source,
+) -> Result<(bool, http::uri::Authority, http::uri::PathAndQuery), String> {
     let uri: http::Uri = url
         .trim()
         .parse()
         .map_err(|e| format!("{}: `{}` is not a URL: {e}", source.name, excerpt(url)))?;
-    match uri.scheme_str() {
-        Some("http") => {}
-        Some("https") => {
-            return Err(format!(
-                "{}: `{}`: https is not supported yet; send to a Collector over http (a node agent or sidecar)",
-                source.name,
-                excerpt(url)
-            ))
-        }
+    let tls = match uri.scheme_str() {
+        Some("http") => false,
+        Some("https") => true,
         _ => {
             return Err(format!(
-                "{}: `{}` needs http://, like http://otel-collector:4318",
+                "{}: `{}` needs http:// or https://, like http://otel-collector:4318",
                 source.name,
                 excerpt(url)
             ))
         }
-    }
+    };
     let authority = uri
         .authority()
         .cloned()
@@ -568,7 +716,7 @@ fn endpoint(url: &str, source: &Source) -> Result<Endpoint, String> {
         .path_and_query()
         .cloned()
         .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
-    Ok(Endpoint { authority, path })
+    Ok((tls, authority, path))
 }
 
 #[cfg(test)]
@@ -609,14 +757,17 @@ mod tests {
         .unwrap()
         .expect("on");
         assert_eq!(
-            s.metrics_endpoint.unwrap().to_string(),
+            s.metrics_endpoint.as_ref().unwrap().to_string(),
             "http://collector:4318/v1/metrics"
         );
         assert_eq!(
-            s.traces_endpoint.unwrap().to_string(),
+            s.traces_endpoint.as_ref().unwrap().to_string(),
             "http://collector:4318/v1/traces"
         );
-        assert_eq!(s.timeout, DEFAULT_TIMEOUT);
+        let metrics = s.metrics_endpoint.as_ref().unwrap();
+        assert_eq!(metrics.timeout, DEFAULT_TIMEOUT);
+        assert_eq!(metrics.compression, Compression::None);
+        assert!(!metrics.tls && metrics.certificate.is_none() && metrics.client.is_none());
         assert_eq!(s.metric_export_interval, DEFAULT_METRIC_EXPORT_INTERVAL);
         assert_eq!(s.histogram, HistogramAggregation::Exponential);
         assert_eq!(s.sampler, Sampler::ParentBased(Root::AlwaysOn));
@@ -661,7 +812,10 @@ mod tests {
         );
         assert_eq!(from_file.metric_export_interval, Duration::from_secs(5));
         assert_eq!(from_file.sampler, Sampler::TraceIdRatio(0.25));
-        assert_eq!(from_file.headers, vec![("x-key".into(), "file".into())]);
+        assert_eq!(
+            from_file.traces_endpoint.as_ref().unwrap().headers,
+            vec![("x-key".into(), "file".into())]
+        );
         assert_eq!(
             from_file.resource,
             vec![
@@ -686,13 +840,69 @@ mod tests {
         // The sampler from the file, its ratio from the environment.
         assert_eq!(s.sampler, Sampler::TraceIdRatio(0.5));
         assert_eq!(
-            s.headers,
+            s.metrics_endpoint.as_ref().unwrap().headers,
             vec![
                 ("x-key".into(), "env value".into()),
                 ("x-tenant".into(), "a".into())
             ]
         );
         assert_eq!(s.resource[0], ("service.name".into(), "env-name".into()));
+    }
+
+    #[test]
+    fn each_signal_takes_its_own_setting_else_the_general_one_else_the_file() {
+        let file = section(
+            "endpoint: https://collector:4318\ncompression: gzip\ncertificate: /file/ca.pem\ntimeout: 3s\nheaders: {x-key: file}\n",
+        );
+        let vars = env(&[
+            ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "none"),
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+                "/env/traces-ca.pem",
+            ),
+            ("OTEL_EXPORTER_OTLP_METRICS_HEADERS", "x-key=metrics"),
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", "2000"),
+            ("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT", "500"),
+            ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", "/env/client.pem"),
+            ("OTEL_EXPORTER_OTLP_CLIENT_KEY", "/env/client.key"),
+        ]);
+        let s = resolve(Some(&file), &vars).unwrap().expect("on");
+        let (m, t) = (s.metrics_endpoint.unwrap(), s.traces_endpoint.unwrap());
+        assert_eq!(m.to_string(), "https://collector:4318/v1/metrics");
+        assert!(m.tls && t.tls);
+        assert_eq!(m.compression, Compression::Gzip);
+        assert_eq!(t.compression, Compression::None);
+        let path = |p: &Option<PemFile>| p.as_ref().map(|p| (p.path.clone(), p.setting.clone()));
+        assert_eq!(
+            path(&m.certificate),
+            Some(("/file/ca.pem".into(), "otel.certificate".into()))
+        );
+        assert_eq!(
+            path(&t.certificate),
+            Some((
+                "/env/traces-ca.pem".into(),
+                "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE".into()
+            ))
+        );
+        let (chain, key) = t.client.expect("mutual TLS");
+        assert_eq!(chain.path, std::path::PathBuf::from("/env/client.pem"));
+        assert_eq!(key.setting, "OTEL_EXPORTER_OTLP_CLIENT_KEY");
+        assert_eq!(m.headers, vec![("x-key".into(), "metrics".into())]);
+        assert_eq!(t.headers, vec![("x-key".into(), "file".into())]);
+        assert_eq!(m.timeout, Duration::from_millis(500));
+        assert_eq!(t.timeout, Duration::from_millis(2000));
+        // A general TLS file is left off a signal that goes over plain http.
+        let mixed = env(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                "https://t:4318/v1/traces",
+            ),
+            ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/env/ca.pem"),
+        ]);
+        let s = resolve(None, &mixed).unwrap().expect("on");
+        assert!(s.metrics_endpoint.unwrap().certificate.is_none());
+        assert!(s.traces_endpoint.unwrap().certificate.is_some());
     }
 
     #[test]
@@ -729,8 +939,31 @@ mod tests {
                 "OTEL_EXPORTER_OTLP_ENDPOINT: `collector:4318` needs http://",
             ),
             (
-                &[("OTEL_EXPORTER_OTLP_ENDPOINT", "https://c:4318")],
-                "https is not supported",
+                &[("OTEL_EXPORTER_OTLP_COMPRESSION", "zstd")],
+                "OTEL_EXPORTER_OTLP_COMPRESSION: `zstd` is not one of gzip or none",
+            ),
+            (
+                &[("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "soon")],
+                "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT: `soon` is not a positive number",
+            ),
+            (
+                &[("OTEL_EXPORTER_OTLP_CERTIFICATE", "/etc/ca.pem")],
+                "OTEL_EXPORTER_OTLP_CERTIFICATE: TLS files need an https:// endpoint",
+            ),
+            (
+                &[
+                    ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://c:4318"),
+                    ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", "/etc/client.pem"),
+                ],
+                "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE: a client certificate needs its key",
+            ),
+            (
+                &[
+                    ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+                    ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "https://t:4318/v1/traces"),
+                    ("OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE", "/etc/ca.pem"),
+                ],
+                "OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE: TLS files need an https:// endpoint; metrics go to http://c:4318",
             ),
             (
                 &[("OTEL_TRACES_SAMPLER", "jaeger_remote")],

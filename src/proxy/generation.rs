@@ -101,15 +101,22 @@ impl Generations {
     ) -> std::io::Result<Generations> {
         let metrics = Arc::new(Metrics::new(&config));
         let otel = match otel {
-            Some(settings) => Some(otel::start(
-                settings,
-                &config.upstream,
-                &config.identity,
-                metrics.registry(),
-            )?),
+            Some(settings) => Some(
+                otel::start(
+                    settings,
+                    &config.upstream,
+                    &config.identity,
+                    metrics.registry(),
+                )
+                .map_err(|e| {
+                    std::io::Error::new(e.kind(), format!("invalid OpenTelemetry settings: {e}"))
+                })?,
+            ),
             None => None,
         };
-        let generation = build(&config, None, None, &metrics, otel)?;
+        let generation = build(&config, None, None, &metrics, otel).map_err(|e| {
+            std::io::Error::new(e.kind(), format!("cannot open the access log: {e}"))
+        })?;
         let last_seen = source.as_ref().map(|path| crate::config::read_file(path));
         Ok(Generations {
             current: ArcSwap::from_pointee(generation),

@@ -122,8 +122,7 @@ pub async fn start(
     let otel = crate::config::resolve_otel(config.otel.as_ref(), &|var| std::env::var(var).ok())
         .map_err(|e| StartError(format!("invalid OpenTelemetry settings: {e}")))?;
     let generations = Arc::new(
-        Generations::new(config, source, overrides, otel)
-            .map_err(|e| StartError(format!("cannot open the access log: {e}")))?,
+        Generations::new(config, source, overrides, otel).map_err(|e| StartError(e.to_string()))?,
     );
     let proxy = Proxy::new(generations.clone());
     let health = Arc::new(Health::ready());

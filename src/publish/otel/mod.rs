@@ -15,6 +15,7 @@
 
 mod histogram;
 pub(crate) mod semconv;
+mod transport;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -22,9 +23,6 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
-use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::TokioExecutor;
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{
@@ -45,6 +43,7 @@ use tokio::time::Instant;
 
 use self::histogram::Histogram;
 use self::semconv as sc;
+use self::transport::HttpClient;
 use crate::config::{
     Endpoint, HistogramAggregation, Identity, OtelSettings, Root, Sampler, Upstream,
 };
@@ -53,8 +52,6 @@ use crate::publish::record::Record;
 
 /// Finished requests waiting for the exporter thread; more are dropped and counted.
 pub(crate) const QUEUE_DEPTH: usize = 4096;
-/// The most of a collector's answer that is read (a partial-success message at most).
-const MAX_ANSWER_BYTES: usize = 64 * 1024;
 /// Distinct `gen_ai.response.model` values the metrics carry beyond the request's own model;
 /// a response naming yet another leaves the attribute off its points, so series stay bounded.
 const MAX_RESPONSE_MODELS: usize = 32;
@@ -230,6 +227,16 @@ pub(crate) fn start(
             }
         }
     }
+    // Each signal's client, built here so that a TLS file that cannot be used stops the start.
+    let with_client = |endpoint: &Option<Endpoint>| {
+        endpoint
+            .as_ref()
+            .map(|e| transport::client(e).map(|c| (e.clone(), c)))
+            .transpose()
+            .map_err(std::io::Error::other)
+    };
+    let metrics = with_client(&settings.metrics_endpoint)?;
+    let traces = with_client(&settings.traces_endpoint)?;
     let server_address = upstream.authority.host().to_string();
     let server_port = i64::from(upstream.authority.port_u16().unwrap_or(80));
     let sink = OtelSink {
@@ -254,6 +261,8 @@ pub(crate) fn start(
         pending: Vec::new(),
         counters,
         queued_requests,
+        metrics,
+        traces,
         failing: Arc::new(Mutex::new(None)),
     };
     let handle = thread::Builder::new()
@@ -349,18 +358,18 @@ struct Exporter {
     pending: Vec<Span>,
     counters: Arc<Counters>,
     queued_requests: IntGauge,
+    /// Where each signal goes and the client that sends it; `None`: not exported.
+    metrics: Option<(Endpoint, HttpClient)>,
+    traces: Option<(Endpoint, HttpClient)>,
     /// When exports started failing and when the log last said so.
     failing: Arc<Mutex<Option<Instant>>>,
 }
-
-type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
 /// One instrument being exported: name, unit, description and its points by attributes.
 type Instrument<'a, T> = (&'a str, &'a str, &'a str, Vec<(Vec<KeyValue>, T)>);
 
 impl Exporter {
     async fn run(mut self, mut rx: mpsc::Receiver<Message>) {
-        let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
         let interval = self.settings.metric_export_interval;
         let mut next_metrics = Instant::now() + interval;
         let mut spans_due: Option<Instant> = None;
@@ -379,12 +388,12 @@ impl Exporter {
                             spans_due = Some(Instant::now() + self.settings.schedule_delay);
                         }
                         if self.pending.len() >= self.settings.max_export_batch_size && idle(&spans_export) {
-                            spans_export = self.export_spans(&client);
+                            spans_export = self.export_spans();
                             spans_due = None;
                         }
                     }
                     Some(Message::Close(deadline, done)) => {
-                        self.close(&client, deadline, [metrics_export, spans_export]).await;
+                        self.close(deadline, [metrics_export, spans_export]).await;
                         let _ = done.send(());
                         return;
                     }
@@ -397,12 +406,12 @@ impl Exporter {
                         // One export in flight: a slow collector skips a turn, and the next
                         // export carries the same cumulative totals.
                         if idle(&metrics_export) {
-                            metrics_export = self.export_metrics(&client);
+                            metrics_export = self.export_metrics();
                         }
                     }
                     if spans_due.is_some_and(|d| now >= d) {
                         if idle(&spans_export) {
-                            spans_export = self.export_spans(&client);
+                            spans_export = self.export_spans();
                             spans_due = None;
                         } else {
                             spans_due = Some(now + self.settings.schedule_delay);
@@ -417,7 +426,6 @@ impl Exporter {
     /// once and every pending span.
     async fn close(
         &mut self,
-        client: &HttpClient,
         deadline: Instant,
         in_flight: [Option<tokio::task::JoinHandle<()>>; 2],
     ) {
@@ -425,11 +433,11 @@ impl Exporter {
             for h in in_flight.into_iter().flatten() {
                 let _ = h.await;
             }
-            if let Some(h) = self.export_metrics(client) {
+            if let Some(h) = self.export_metrics() {
                 let _ = h.await;
             }
             while !self.pending.is_empty() {
-                if let Some(h) = self.export_spans(client) {
+                if let Some(h) = self.export_spans() {
                     let _ = h.await;
                 }
             }
@@ -447,10 +455,10 @@ impl Exporter {
     fn take(&mut self, f: Finished) {
         let r = &f.record;
         let (operation, provider) = operation_and_provider(&r.path, f.dialect);
-        if self.settings.metrics_endpoint.is_some() {
+        if self.metrics.is_some() {
             self.aggregate(&f, operation, provider);
         }
-        if self.settings.traces_endpoint.is_some() {
+        if self.traces.is_some() {
             let trace_id = f.parent.map_or_else(random_trace_id, |p| p.trace_id);
             // Failed and violating requests are always kept; the sampler decides the rest.
             let important = r.outcome != "ok" || r.slo == Some("violated");
@@ -743,18 +751,26 @@ impl Exporter {
         }
     }
 
-    fn export_metrics(&self, client: &HttpClient) -> Option<tokio::task::JoinHandle<()>> {
-        let endpoint = self.settings.metrics_endpoint.clone()?;
+    fn export_metrics(&self) -> Option<tokio::task::JoinHandle<()>> {
+        let (endpoint, client) = self.metrics.as_ref()?;
         if self.series.is_empty() {
             return None;
         }
-        let body = self.metrics_request().encode_to_vec();
-        let post = self.post(client, endpoint, body, "metrics", 0);
+        let body = transport::encode(endpoint, self.metrics_request().encode_to_vec());
+        let post = Self::post(
+            &self.failing,
+            &self.counters,
+            client,
+            endpoint,
+            body,
+            "metrics",
+            0,
+        );
         Some(tokio::spawn(post))
     }
 
-    fn export_spans(&mut self, client: &HttpClient) -> Option<tokio::task::JoinHandle<()>> {
-        let endpoint = self.settings.traces_endpoint.clone()?;
+    fn export_spans(&mut self) -> Option<tokio::task::JoinHandle<()>> {
+        let (endpoint, client) = self.traces.as_ref()?;
         if self.pending.is_empty() {
             return None;
         }
@@ -775,10 +791,13 @@ impl Exporter {
                 schema_url: sc::SCHEMA_URL.into(),
             }],
         };
-        let post = self.post(
+        let body = transport::encode(endpoint, request.encode_to_vec());
+        let post = Self::post(
+            &self.failing,
+            &self.counters,
             client,
             endpoint,
-            request.encode_to_vec(),
+            body,
             "traces",
             n as u64,
         );
@@ -788,19 +807,20 @@ impl Exporter {
     /// One export request; its result counted (and, for spans, what it carried counted as
     /// exported or dropped).
     fn post(
-        &self,
+        failing: &Arc<Mutex<Option<Instant>>>,
+        counters: &Arc<Counters>,
         client: &HttpClient,
-        endpoint: Endpoint,
-        body: Vec<u8>,
+        endpoint: &Endpoint,
+        body: Bytes,
         signal: &'static str,
         spans: u64,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
         let client = client.clone();
-        let settings = self.settings.clone();
-        let counters = self.counters.clone();
-        let failing = self.failing.clone();
+        let endpoint = endpoint.clone();
+        let counters = counters.clone();
+        let failing = failing.clone();
         async move {
-            let result = post(&client, &endpoint, &settings, body).await;
+            let result = transport::post(&client, &endpoint, body).await;
             match result {
                 Ok(()) => {
                     counters.exports.with_label_values(&[signal]).inc();
@@ -953,44 +973,6 @@ impl Exporter {
             status: Some(status),
             ..Default::default()
         }
-    }
-}
-
-/// Sends one OTLP/HTTP protobuf request; any answer but 2xx, or none in time, is an error.
-async fn post(
-    client: &HttpClient,
-    endpoint: &Endpoint,
-    settings: &OtelSettings,
-    body: Vec<u8>,
-) -> Result<(), String> {
-    let mut request =
-        http::Request::post(format!("http://{}{}", endpoint.authority, endpoint.path))
-            .header(http::header::CONTENT_TYPE, "application/x-protobuf");
-    for (name, value) in &settings.headers {
-        request = request.header(name.as_str(), value.as_str());
-    }
-    let request = request
-        .body(Full::new(Bytes::from(body)))
-        .map_err(|e| e.to_string())?;
-    let exchange = async {
-        let response = client.request(request).await.map_err(|e| e.to_string())?;
-        let status = response.status();
-        // Read the answer (bounded) so the connection can be reused.
-        let _ = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
-            .collect()
-            .await;
-        if status.is_success() {
-            Ok(())
-        } else {
-            Err(format!("the collector answered {status}"))
-        }
-    };
-    match tokio::time::timeout(settings.timeout, exchange).await {
-        Ok(result) => result,
-        Err(_) => Err(format!(
-            "no answer within {}",
-            humantime::format_duration(settings.timeout)
-        )),
     }
 }
 

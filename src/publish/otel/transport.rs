@@ -1,0 +1,139 @@
+//! Sending one OTLP/HTTP protobuf body: http or https (rustls with the ring provider, Mozilla's
+//! roots compiled in plus the CAs of `OTEL_EXPORTER_OTLP_CERTIFICATE`, a client certificate
+//! for mutual TLS), gzip when asked, the signal's headers, and its timeout over the whole
+//! exchange. Each signal has its own client, since each may name its own TLS files.
+
+use std::io::Write as _;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::{ClientConfig, RootCertStore};
+
+use crate::config::{Compression, Endpoint, PemFile};
+
+/// The most of a collector's answer that is read (a partial-success message at most).
+const MAX_ANSWER_BYTES: usize = 64 * 1024;
+
+pub(super) type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// The client for one signal's endpoint. Fails, in one line naming the setting, on a TLS file
+/// that cannot be read or holds no usable certificate or key: checked at start, so a typo in a
+/// path stops the start rather than every export.
+pub(super) fn client(endpoint: &Endpoint) -> Result<HttpClient, String> {
+    let tls = tls_config(endpoint.certificate.as_ref(), endpoint.client.as_ref())?;
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http);
+    Ok(Client::builder(TokioExecutor::new()).build(connector))
+}
+
+fn tls_config(
+    certificate: Option<&PemFile>,
+    client: Option<&(PemFile, PemFile)>,
+) -> Result<ClientConfig, String> {
+    // ring, not aws-lc-rs: no cmake or large C build (as bench's client; see
+    // src/tools/bench/tls.rs).
+    #[allow(deprecated)]
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = RootCertStore {
+        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+    };
+    if let Some(file) = certificate {
+        for cert in certificates(file)? {
+            roots.add(cert).map_err(|e| problem(file, e))?;
+        }
+    }
+    let builder = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS: {e}"))?
+        .with_root_certificates(roots);
+    match client {
+        None => Ok(builder.with_no_client_auth()),
+        Some((chain, key)) => {
+            let der = PrivateKeyDer::from_pem_file(&key.path).map_err(|e| problem(key, e))?;
+            builder
+                .with_client_auth_cert(certificates(chain)?, der)
+                .map_err(|e| problem(key, e))
+        }
+    }
+}
+
+fn certificates(file: &PemFile) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs = CertificateDer::pem_file_iter(&file.path)
+        .map_err(|e| problem(file, e))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| problem(file, e))?;
+    if certs.is_empty() {
+        return Err(problem(file, "no PEM certificate in it"));
+    }
+    Ok(certs)
+}
+
+fn problem(file: &PemFile, e: impl std::fmt::Display) -> String {
+    format!("{}: {}: {e}", file.setting, file.path.display())
+}
+
+/// The body as it goes on the wire: gzip-compressed when the endpoint asks.
+pub(super) fn encode(endpoint: &Endpoint, body: Vec<u8>) -> Bytes {
+    match endpoint.compression {
+        Compression::None => Bytes::from(body),
+        Compression::Gzip => {
+            // Fast level: a body is protobuf of a few KB to a few hundred KB, sent from a
+            // thread that must keep up with the spans of every request.
+            let mut gz = flate2::write::GzEncoder::new(
+                Vec::with_capacity(body.len() / 4),
+                flate2::Compression::fast(),
+            );
+            // Writing to a Vec cannot fail.
+            let _ = gz.write_all(&body);
+            Bytes::from(gz.finish().unwrap_or_default())
+        }
+    }
+}
+
+/// Sends one body; any answer but 2xx, or none within the endpoint's timeout, is an error.
+pub(super) async fn post(
+    client: &HttpClient,
+    endpoint: &Endpoint,
+    body: Bytes,
+) -> Result<(), String> {
+    let mut request = http::Request::post(endpoint.to_string())
+        .header(http::header::CONTENT_TYPE, "application/x-protobuf");
+    if endpoint.compression == Compression::Gzip {
+        request = request.header(http::header::CONTENT_ENCODING, "gzip");
+    }
+    for (name, value) in &endpoint.headers {
+        request = request.header(name.as_str(), value.as_str());
+    }
+    let request = request.body(Full::new(body)).map_err(|e| e.to_string())?;
+    let exchange = async {
+        let response = client.request(request).await.map_err(|e| e.to_string())?;
+        let status = response.status();
+        // Read the answer (bounded) so the connection can be reused.
+        let _ = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
+            .collect()
+            .await;
+        if status.is_success() {
+            Ok(())
+        } else {
+            Err(format!("the collector answered {status}"))
+        }
+    };
+    match tokio::time::timeout(endpoint.timeout, exchange).await {
+        Ok(result) => result,
+        Err(_) => Err(format!(
+            "no answer within {}",
+            humantime::format_duration(endpoint.timeout)
+        )),
+    }
+}
