@@ -1107,6 +1107,23 @@ fn print_otlp(measured: &Measured, context: &Context, t: usize, o: usize) {
             within.map_or("n/a", |r| verdict(r <= 1.05))
         );
     }
+    // The exporter's thread, read per thread in the same process: what export itself costs,
+    // free of the noise between two processes' rounds. What it leaves out is on the request
+    // path: building the record and handing it over.
+    for level in &measured.levels {
+        let way = &level.ways[o];
+        let (exporter, total) = (way.exporter_cpu_per_1000(), way.proxy_cpu_per_1000());
+        println!(
+            "- the exporter thread's own CPU at {} streams: {} s per 1,000 frames, {} of the OTLP way's CPU{}",
+            level.streams,
+            or_na(exporter.map(|v| format!("{v:.5}"))),
+            or_na(exporter.zip(total).map(|(e, t)| format!("{:.1} %", e / t * 100.0))),
+            match (exporter, level.ways[t].proxy_cpu_per_1000()) {
+                (Some(e), Some(off)) => format!(", {:.1} % of OTLP off's", e / off * 100.0),
+                _ => String::new(),
+            }
+        );
+    }
     let idle = |at: usize| context.proxies[at - 1].1.idle_rss_kib;
     for level in &measured.levels {
         let per_stream = |at: usize| -> Option<f64> {

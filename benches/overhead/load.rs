@@ -302,6 +302,8 @@ pub(crate) struct Concurrent {
     /// windows.
     pub(crate) proxy_cpu_ns: Option<u64>,
     pub(crate) bench_cpu_ns: Option<u64>,
+    /// Of the proxy's CPU, its OpenTelemetry exporter thread's (the OTLP way only).
+    pub(crate) exporter_cpu_ns: Option<u64>,
     /// The proxy's CPU seconds per 1,000 events in each round on its own: how far one round's
     /// figure moves from the next.
     pub(crate) rounds_cpu_per_1000: Vec<f64>,
@@ -337,6 +339,11 @@ impl Concurrent {
     /// CPU seconds per 1,000 events delivered, of the proxy (`None` for the direct way).
     pub(crate) fn proxy_cpu_per_1000(&self) -> Option<f64> {
         per_1000(self.proxy_cpu_ns?, self.events_in_window)
+    }
+
+    /// CPU seconds per 1,000 events delivered, of the proxy's exporter thread alone.
+    pub(crate) fn exporter_cpu_per_1000(&self) -> Option<f64> {
+        per_1000(self.exporter_cpu_ns?, self.events_in_window)
     }
 
     pub(crate) fn bench_cpu_per_1000(&self) -> Option<f64> {
@@ -451,8 +458,13 @@ pub(crate) async fn concurrent_round(
     let mut round = Concurrent {
         window_ns: measured.as_nanos() as u64,
         proxy_cpu_ns: proxy_before
-            .zip(proxy_after)
-            .map(|(b, a)| procfs::cpu_ns_between(&b, &a, tick_ns)),
+            .as_ref()
+            .zip(proxy_after.as_ref())
+            .map(|(b, a)| procfs::cpu_ns_between(b, a, tick_ns)),
+        exporter_cpu_ns: proxy_before
+            .as_ref()
+            .zip(proxy_after.as_ref())
+            .and_then(|(b, a)| procfs::exporter_ns_between(b, a)),
         bench_cpu_ns: bench_before
             .zip(bench_after)
             .map(|(b, a)| procfs::cpu_ns_between(&b, &a, tick_ns)),
@@ -483,6 +495,7 @@ impl Concurrent {
         self.events_in_window += other.events_in_window;
         self.proxy_cpu_ns = add(self.proxy_cpu_ns, other.proxy_cpu_ns);
         self.bench_cpu_ns = add(self.bench_cpu_ns, other.bench_cpu_ns);
+        self.exporter_cpu_ns = add(self.exporter_cpu_ns, other.exporter_cpu_ns);
         self.max_rss_kib = self.max_rss_kib.max(other.max_rss_kib);
         self.others = match (self.others, other.others) {
             (Some((o, a)), Some((p, b))) => Some((o + p, a + b)),

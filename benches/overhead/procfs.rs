@@ -28,6 +28,10 @@ pub(crate) struct CpuReading {
     ns: Option<u64>,
     threads: Vec<u32>,
     ticks: u64,
+    /// The time the OpenTelemetry exporter's thread (`tokenmeter-otel`) has run, when there is
+    /// one: its share of the process's CPU is export's own cost, read without the noise of
+    /// comparing two processes.
+    exporter_ns: Option<u64>,
 }
 
 /// The CPU time of `pid`, all its threads.
@@ -35,6 +39,7 @@ pub(crate) fn cpu_reading(pid: u32) -> Option<CpuReading> {
     let ticks = cpu_ticks(pid)?;
     let mut threads = Vec::new();
     let mut ns = Some(0u64);
+    let mut exporter_ns = None;
     match std::fs::read_dir(format!("/proc/{pid}/task")) {
         Ok(tasks) => {
             for task in tasks.flatten() {
@@ -46,12 +51,26 @@ pub(crate) fn cpu_reading(pid: u32) -> Option<CpuReading> {
                     .ok()
                     .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok());
                 ns = ns.zip(ran).map(|(a, b)| a + b);
+                let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+                if comm.trim_end() == "tokenmeter-otel" {
+                    exporter_ns = ran;
+                }
             }
         }
         Err(_) => ns = None,
     }
     threads.sort_unstable();
-    Some(CpuReading { ns, threads, ticks })
+    Some(CpuReading {
+        ns,
+        threads,
+        ticks,
+        exporter_ns,
+    })
+}
+
+/// Nanoseconds the exporter thread ran between two readings, when both saw it.
+pub(crate) fn exporter_ns_between(before: &CpuReading, after: &CpuReading) -> Option<u64> {
+    after.exporter_ns?.checked_sub(before.exporter_ns?)
 }
 
 /// Nanoseconds of CPU between two readings of one process: the threads' own account when the

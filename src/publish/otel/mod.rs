@@ -55,6 +55,10 @@ pub(crate) const QUEUE_DEPTH: usize = 4096;
 /// Distinct `gen_ai.response.model` values the metrics carry beyond the request's own model;
 /// a response naming yet another leaves the attribute off its points, so series stay bounded.
 const MAX_RESPONSE_MODELS: usize = 32;
+/// While requests keep finishing, how long they gather in the queue before the exporter takes
+/// them together: [`QUEUE_DEPTH`] requests in this time is 40,960 a second, far past what one
+/// model server finishes.
+const GATHER: Duration = Duration::from_millis(100);
 /// While exports fail, how often the log says so again.
 const FAILURE_LOG_EVERY: Duration = Duration::from_secs(60);
 
@@ -259,6 +263,7 @@ pub(crate) fn start(
         series: HashMap::new(),
         response_models: ResponseModels::default(),
         pending: Vec::new(),
+        queued_spans: counters.queued.with_label_values(&["spans"]),
         counters,
         queued_requests,
         metrics,
@@ -344,6 +349,26 @@ impl ResponseModels {
     }
 }
 
+/// When the exporter next exports, and the exports in flight (at most one per signal).
+struct Timers {
+    next_metrics: Instant,
+    spans_due: Option<Instant>,
+    metrics_export: Option<tokio::task::JoinHandle<()>>,
+    spans_export: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Timers {
+    fn due(&self) -> Instant {
+        self.spans_due
+            .unwrap_or(self.next_metrics)
+            .min(self.next_metrics)
+    }
+}
+
+fn idle(export: &Option<tokio::task::JoinHandle<()>>) -> bool {
+    export.as_ref().is_none_or(|h| h.is_finished())
+}
+
 /// The exporter thread's state.
 struct Exporter {
     settings: Arc<OtelSettings>,
@@ -358,6 +383,8 @@ struct Exporter {
     pending: Vec<Span>,
     counters: Arc<Counters>,
     queued_requests: IntGauge,
+    /// `tokenmeter_otel_queued{queue="spans"}`, resolved once: it is set per request.
+    queued_spans: IntGauge,
     /// Where each signal goes and the client that sends it; `None`: not exported.
     metrics: Option<(Endpoint, HttpClient)>,
     traces: Option<(Endpoint, HttpClient)>,
@@ -370,54 +397,85 @@ type Instrument<'a, T> = (&'a str, &'a str, &'a str, Vec<(Vec<KeyValue>, T)>);
 
 impl Exporter {
     async fn run(mut self, mut rx: mpsc::Receiver<Message>) {
-        let interval = self.settings.metric_export_interval;
-        let mut next_metrics = Instant::now() + interval;
-        let mut spans_due: Option<Instant> = None;
-        let mut metrics_export: Option<tokio::task::JoinHandle<()>> = None;
-        let mut spans_export: Option<tokio::task::JoinHandle<()>> = None;
-        let idle =
-            |h: &Option<tokio::task::JoinHandle<()>>| h.as_ref().is_none_or(|h| h.is_finished());
+        let mut timers = Timers {
+            next_metrics: Instant::now() + self.settings.metric_export_interval,
+            spans_due: None,
+            metrics_export: None,
+            spans_export: None,
+        };
         loop {
-            let due = spans_due.unwrap_or(next_metrics).min(next_metrics);
             tokio::select! {
-                message = rx.recv() => match message {
-                    Some(Message::Finished(f)) => {
-                        self.queued_requests.dec();
-                        self.take(*f);
-                        if spans_due.is_none() && !self.pending.is_empty() {
-                            spans_due = Some(Instant::now() + self.settings.schedule_delay);
-                        }
-                        if self.pending.len() >= self.settings.max_export_batch_size && idle(&spans_export) {
-                            spans_export = self.export_spans();
-                            spans_due = None;
-                        }
-                    }
-                    Some(Message::Close(deadline, done)) => {
-                        self.close(deadline, [metrics_export, spans_export]).await;
-                        let _ = done.send(());
+                message = rx.recv() => {
+                    let Some(message) = message else { return };
+                    if self.handle(message, &mut timers).await {
                         return;
                     }
-                    None => return,
-                },
-                _ = tokio::time::sleep_until(due) => {
-                    let now = Instant::now();
-                    if now >= next_metrics {
-                        next_metrics = now + interval;
-                        // One export in flight: a slow collector skips a turn, and the next
-                        // export carries the same cumulative totals.
-                        if idle(&metrics_export) {
-                            metrics_export = self.export_metrics();
+                    // Busy: rather than be woken by each finished request (a context switch
+                    // on the proxy's cores per request), let the next ones gather for a while
+                    // and take them together; back to waiting once a turn finds none.
+                    loop {
+                        tokio::time::sleep_until((Instant::now() + GATHER).min(timers.due())).await;
+                        self.on_time(&mut timers);
+                        let mut took = 0;
+                        while let Ok(message) = rx.try_recv() {
+                            took += 1;
+                            if self.handle(message, &mut timers).await {
+                                return;
+                            }
                         }
-                    }
-                    if spans_due.is_some_and(|d| now >= d) {
-                        if idle(&spans_export) {
-                            spans_export = self.export_spans();
-                            spans_due = None;
-                        } else {
-                            spans_due = Some(now + self.settings.schedule_delay);
+                        if took == 0 {
+                            break;
                         }
                     }
                 }
+                _ = tokio::time::sleep_until(timers.due()) => self.on_time(&mut timers),
+            }
+        }
+    }
+
+    /// One message; `true` once the exporter has closed.
+    async fn handle(&mut self, message: Message, timers: &mut Timers) -> bool {
+        match message {
+            Message::Finished(f) => {
+                self.queued_requests.dec();
+                self.take(*f);
+                if timers.spans_due.is_none() && !self.pending.is_empty() {
+                    timers.spans_due = Some(Instant::now() + self.settings.schedule_delay);
+                }
+                if self.pending.len() >= self.settings.max_export_batch_size
+                    && idle(&timers.spans_export)
+                {
+                    timers.spans_export = self.export_spans();
+                    timers.spans_due = None;
+                }
+                false
+            }
+            Message::Close(deadline, done) => {
+                let in_flight = [timers.metrics_export.take(), timers.spans_export.take()];
+                self.close(deadline, in_flight).await;
+                let _ = done.send(());
+                true
+            }
+        }
+    }
+
+    /// Exports what is due.
+    fn on_time(&mut self, timers: &mut Timers) {
+        let now = Instant::now();
+        if now >= timers.next_metrics {
+            timers.next_metrics = now + self.settings.metric_export_interval;
+            // One export in flight: a slow collector skips a turn, and the next export carries
+            // the same cumulative totals.
+            if idle(&timers.metrics_export) {
+                timers.metrics_export = self.export_metrics();
+            }
+        }
+        if timers.spans_due.is_some_and(|d| now >= d) {
+            if idle(&timers.spans_export) {
+                timers.spans_export = self.export_spans();
+                timers.spans_due = None;
+            } else {
+                timers.spans_due = Some(now + self.settings.schedule_delay);
             }
         }
     }
@@ -470,10 +528,7 @@ impl Exporter {
                     self.pending.push(span);
                 }
             }
-            self.counters
-                .queued
-                .with_label_values(&["spans"])
-                .set(self.pending.len() as i64);
+            self.queued_spans.set(self.pending.len() as i64);
         }
     }
 
@@ -776,10 +831,7 @@ impl Exporter {
         }
         let n = self.pending.len().min(self.settings.max_export_batch_size);
         let spans: Vec<Span> = self.pending.drain(..n).collect();
-        self.counters
-            .queued
-            .with_label_values(&["spans"])
-            .set(self.pending.len() as i64);
+        self.queued_spans.set(self.pending.len() as i64);
         let request = ExportTraceServiceRequest {
             resource_spans: vec![ResourceSpans {
                 resource: Some(self.resource.clone()),
