@@ -808,3 +808,218 @@ async fn https_with_mutual_tls_and_gzip_reaches_the_collector_and_a_wrong_setup_
     );
     assert!(!err.contains('\n'), "{err}");
 }
+
+/// An OTLP/gRPC collector of the tests' own (HTTP/2, over TLS with ALPN `h2` when `tls` is
+/// given): unframes each message (gunzipping a compressed one), keeps what it decodes when it
+/// answers `grpc-status` 0, and answers `code` in the trailers.
+async fn grpc_receiver(
+    code: &'static str,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) -> (Receiver, SocketAddr) {
+    let receiver = Receiver::default();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let r = receiver.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let (r, tls) = (r.clone(), tls.clone());
+            tokio::spawn(async move {
+                let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    let r = r.clone();
+                    async move {
+                        assert_eq!(req.version(), http::Version::HTTP_2);
+                        let header = |name: &str| {
+                            req.headers()
+                                .get(name)
+                                .and_then(|v| v.to_str().ok())
+                                .map(str::to_owned)
+                                .unwrap_or_default()
+                        };
+                        assert_eq!(header("content-type"), "application/grpc");
+                        assert_eq!(header("te"), "trailers");
+                        let encoding = header("grpc-encoding");
+                        let path = req.uri().path().to_string();
+                        let body = req.into_body().collect().await?.to_bytes();
+                        let (flag, len) =
+                            (body[0], u32::from_be_bytes(body[1..5].try_into().unwrap()));
+                        assert_eq!(len as usize, body.len() - 5, "one whole frame");
+                        let message = if flag == 1 {
+                            use std::io::Read as _;
+                            assert_eq!(encoding, "gzip");
+                            let mut plain = Vec::new();
+                            flate2::read::GzDecoder::new(&body[5..])
+                                .read_to_end(&mut plain)
+                                .expect("a gzip message");
+                            Bytes::from(plain)
+                        } else {
+                            body.slice(5..)
+                        };
+                        r.encodings.lock().unwrap().push(encoding);
+                        if code == "0" {
+                            match path.as_str() {
+                                "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export" => {
+                                    r.metrics.lock().unwrap().push(
+                                        ExportMetricsServiceRequest::decode(message)
+                                            .expect("OTLP metrics"),
+                                    )
+                                }
+                                "/opentelemetry.proto.collector.trace.v1.TraceService/Export" => {
+                                    let request = ExportTraceServiceRequest::decode(message)
+                                        .expect("OTLP traces");
+                                    for rs in request.resource_spans {
+                                        for ss in rs.scope_spans {
+                                            r.spans.lock().unwrap().extend(ss.spans);
+                                        }
+                                    }
+                                }
+                                other => panic!("unexpected method {other}"),
+                            }
+                        }
+                        let mut trailers = http::HeaderMap::new();
+                        trailers.insert("grpc-status", http::HeaderValue::from_static(code));
+                        if code != "0" {
+                            trailers.insert("grpc-message", http::HeaderValue::from_static("busy"));
+                        }
+                        // An empty Export*ServiceResponse, in one frame.
+                        let body = Full::new(Bytes::from_static(&[0, 0, 0, 0, 0]))
+                            .with_trailers(async move { Some(Ok(trailers)) });
+                        Ok::<_, hyper::Error>(
+                            http::Response::builder()
+                                .header("content-type", "application/grpc")
+                                .body(body)
+                                .unwrap(),
+                        )
+                    }
+                });
+                let http2 =
+                    hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new());
+                match tls {
+                    None => {
+                        let _ = http2.serve_connection(TokioIo::new(stream), service).await;
+                    }
+                    Some(acceptor) => {
+                        if let Ok(stream) = acceptor.accept(stream).await {
+                            let _ = http2.serve_connection(TokioIo::new(stream), service).await;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (receiver, addr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_over_h2c_and_tls_reaches_the_collector_and_a_refusing_one_is_counted() {
+    let upstream = upstream(|_| stream_script()).await;
+    let dir = TempDir::new();
+    let (acceptor, [ca, client_cert, client_key]) = mutual_tls(dir.path());
+    // The same acceptor, offering h2 by ALPN as a gRPC server does.
+    let acceptor = {
+        let mut config = (**acceptor.config()).clone();
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        tokio_rustls::TlsAcceptor::from(Arc::new(config))
+    };
+    let (plain, plain_addr) = grpc_receiver("0", None).await;
+    let (secure, secure_addr) = grpc_receiver("0", Some(acceptor)).await;
+    let (refusing, refusing_addr) = grpc_receiver("14", None).await;
+    let grpc = |endpoint: String, gzip: bool, tls: bool| {
+        let (ca, client_cert, client_key) = (ca.clone(), client_cert.clone(), client_key.clone());
+        move |c: &mut Config| {
+            otel_to(plain_addr, |o| {
+                o.endpoint = Some(endpoint);
+                o.protocol = Some("grpc".into());
+                if gzip {
+                    o.compression = Some("gzip".into());
+                }
+                if tls {
+                    o.certificate = Some(ca.display().to_string());
+                    o.client_certificate = Some(client_cert.display().to_string());
+                    o.client_key = Some(client_key.display().to_string());
+                }
+            })(c)
+        }
+    };
+    let cases = [
+        (
+            &plain,
+            grpc(format!("http://{plain_addr}"), true, false),
+            "gzip",
+        ),
+        (
+            &secure,
+            grpc(format!("https://{secure_addr}"), false, true),
+            "",
+        ),
+    ];
+    for (receiver, setup, encoding) in cases {
+        let sending = proxy(upstream.addr, setup).await;
+        for _ in 0..2 {
+            let r = send(
+                &sending.url("/v1/chat/completions"),
+                "POST",
+                &chat_request("llama-3"),
+                &[("content-type", "application/json")],
+                false,
+            )
+            .await;
+            assert_eq!(r.status, 200);
+        }
+        until("two spans over gRPC", || receiver.spans().len() == 2).await;
+        until("metrics over gRPC", || {
+            receiver
+                .latest("gen_ai.server.time_to_first_token")
+                .is_some()
+        })
+        .await;
+        let span = &receiver.spans()[0];
+        assert_eq!(span.name, "chat llama-3");
+        assert_eq!(
+            text(&span.attributes, "gen_ai.response.model").as_deref(),
+            Some(SERVED_MODEL)
+        );
+        assert!(receiver
+            .encodings
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|e| e == encoding));
+        assert_eq!(
+            series(&sending.metrics(), "tokenmeter_otel_export_errors_total"),
+            0.0
+        );
+    }
+
+    // A collector that answers grpc-status 14 (UNAVAILABLE) in its trailers over a 200: every
+    // export is an error, counted, and the spans it carried are dropped and counted.
+    let refused = proxy(
+        upstream.addr,
+        grpc(format!("http://{refusing_addr}"), false, false),
+    )
+    .await;
+    for _ in 0..2 {
+        let r = send(
+            &refused.url("/v1/chat/completions"),
+            "POST",
+            &chat_request("llama-3"),
+            &[("content-type", "application/json")],
+            false,
+        )
+        .await;
+        assert_eq!(r.status, 200);
+        assert!(r.body_error.is_none());
+    }
+    until("the refused spans counted as dropped", || {
+        series(
+            &refused.metrics(),
+            "tokenmeter_otel_dropped_total{signal=\"traces\"}",
+        ) >= 2.0
+    })
+    .await;
+    assert!(series(&refused.metrics(), "tokenmeter_otel_export_errors_total") >= 1.0);
+    assert_eq!(
+        series(&refused.metrics(), "tokenmeter_otel_spans_exported_total"),
+        0.0
+    );
+    assert!(refusing.spans().is_empty());
+}

@@ -43,7 +43,7 @@ pub struct Otel {
     /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`: the full URL, used as it is.
     #[serde(default, deserialize_with = "optional_text")]
     pub traces_endpoint: Option<String>,
-    /// `OTEL_EXPORTER_OTLP_PROTOCOL`: `http/protobuf` (the only one supported).
+    /// `OTEL_EXPORTER_OTLP_PROTOCOL`: `http/protobuf` or `grpc`.
     #[serde(default, deserialize_with = "optional_text")]
     pub protocol: Option<String>,
     /// `OTEL_EXPORTER_OTLP_HEADERS`: sent with every export (an API key, a tenant).
@@ -169,6 +169,8 @@ pub struct PemFile {
 /// variable (`OTEL_EXPORTER_OTLP_TRACES_HEADERS`), else the general one, else the file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Endpoint {
+    /// OTLP over gRPC (HTTP/2, `application/grpc`); else OTLP/HTTP protobuf.
+    pub grpc: bool,
     pub tls: bool,
     pub authority: http::uri::Authority,
     pub path: http::uri::PathAndQuery,
@@ -207,6 +209,11 @@ pub struct OtelSettings {
 
 /// The defaults of the OpenTelemetry SDK specification.
 pub const DEFAULT_ENDPOINT: &str = "http://localhost:4318";
+pub const DEFAULT_GRPC_ENDPOINT: &str = "http://localhost:4317";
+/// The OTLP/gRPC methods (`opentelemetry/proto/collector/*/v1/*_service.proto`).
+pub const GRPC_METRICS_METHOD: &str =
+    "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export";
+pub const GRPC_TRACES_METHOD: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_METRIC_EXPORT_INTERVAL: Duration = Duration::from_secs(60);
 pub const DEFAULT_SCHEDULE_DELAY: Duration = Duration::from_secs(5);
@@ -277,43 +284,58 @@ pub fn resolve(
         }
     }
 
-    let protocol = pick(
-        "OTEL_EXPORTER_OTLP_PROTOCOL",
-        "otel.protocol",
-        f.protocol.clone(),
-    );
-    check_protocol(&protocol)?;
-    for (var, field) in [
-        ("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "-"),
-        ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "-"),
-    ] {
-        check_protocol(&pick(var, field, None))?;
-    }
-
     let base = pick(
         "OTEL_EXPORTER_OTLP_ENDPOINT",
         "otel.endpoint",
         f.endpoint.clone(),
     );
-    let base_text = base
-        .value
-        .clone()
-        .unwrap_or_else(|| DEFAULT_ENDPOINT.into());
     // Checked as written, so that an error quotes what the operator wrote.
-    endpoint(&base_text, &base)?;
+    if let Some(url) = &base.value {
+        endpoint(url, &base)?;
+    }
     let signal_endpoint = |signal: &str, from_file: Option<String>, suffix: &str| {
+        let protocol = pick_for(signal, "PROTOCOL", "otel.protocol", f.protocol.clone());
+        let grpc = match protocol.value.as_deref().map(str::trim) {
+            None | Some("http/protobuf") => false,
+            Some("grpc") => true,
+            Some("http/json") => {
+                return Err(format!(
+                    "{}: http/json is not supported; use http/protobuf or grpc",
+                    protocol.name
+                ))
+            }
+            Some(_) => return Err(bad(&protocol, "http/protobuf or grpc")),
+        };
         let own = pick(
             &format!("OTEL_EXPORTER_OTLP_{signal}_ENDPOINT"),
             &format!("otel.{}_endpoint", signal.to_ascii_lowercase()),
             from_file,
         );
-        let (tls, authority, path) = match &own.value {
-            Some(url) => endpoint(url, &own)?,
-            None => {
+        let default = if grpc {
+            DEFAULT_GRPC_ENDPOINT
+        } else {
+            DEFAULT_ENDPOINT
+        };
+        let base_text = base.value.as_deref().unwrap_or(default);
+        let (tls, authority, path) = match (&own.value, grpc) {
+            (Some(url), false) => endpoint(url, &own)?,
+            // gRPC: the URL names the server; the path is the service's method.
+            (Some(url), true) => endpoint(url, &own)?,
+            (None, true) => endpoint(base_text, &base)?,
+            (None, false) => {
                 // The base URL with the signal's path added, after a `/` (the specification).
                 let joined = format!("{}/{suffix}", base_text.trim_end_matches('/'));
                 endpoint(&joined, &base)?
             }
+        };
+        let path = if grpc {
+            http::uri::PathAndQuery::from_static(if signal == "METRICS" {
+                GRPC_METRICS_METHOD
+            } else {
+                GRPC_TRACES_METHOD
+            })
+        } else {
+            path
         };
         let headers = {
             let h = pick_for(signal, "HEADERS", "otel.headers", None);
@@ -402,6 +424,7 @@ pub fn resolve(
             (None, None)
         };
         Ok::<Endpoint, String>(Endpoint {
+            grpc,
             tls,
             authority,
             path,
@@ -614,21 +637,6 @@ fn bad(source: &Source, expected: &str) -> String {
         source.name,
         excerpt(source.value.as_deref().unwrap_or_default())
     )
-}
-
-fn check_protocol(protocol: &Source) -> Result<(), String> {
-    match protocol.value.as_deref().map(str::trim) {
-        None | Some("http/protobuf") => Ok(()),
-        Some("grpc") => Err(format!(
-            "{}: grpc is not supported; use http/protobuf (a Collector's OTLP/HTTP port, 4318)",
-            protocol.name
-        )),
-        Some("http/json") => Err(format!(
-            "{}: http/json is not supported; use http/protobuf",
-            protocol.name
-        )),
-        Some(_) => Err(bad(protocol, "http/protobuf")),
-    }
 }
 
 /// A duration in milliseconds, as the `OTEL_*` variables give them.
@@ -906,6 +914,50 @@ mod tests {
     }
 
     #[test]
+    fn grpc_takes_the_url_as_it_is_and_the_services_method_as_its_path() {
+        let only = env(&[
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ("OTEL_SERVICE_NAME", "x"),
+        ]);
+        let file = section("protocol: grpc\n");
+        let s = resolve(Some(&file), &only).unwrap().expect("on");
+        let (m, t) = (s.metrics_endpoint.unwrap(), s.traces_endpoint.unwrap());
+        assert!(m.grpc && t.grpc);
+        assert_eq!(
+            m.to_string(),
+            "http://localhost:4317/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
+        );
+        assert_eq!(
+            t.to_string(),
+            "http://localhost:4317/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+        );
+        // One signal over gRPC to its own URL, the other over HTTP to the base.
+        let mixed = env(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318"),
+            ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc"),
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "https://tempo:4317"),
+        ]);
+        let s = resolve(None, &mixed).unwrap().expect("on");
+        let (m, t) = (s.metrics_endpoint.unwrap(), s.traces_endpoint.unwrap());
+        assert!(!m.grpc && t.grpc && t.tls);
+        assert_eq!(m.to_string(), "http://collector:4318/v1/metrics");
+        assert_eq!(
+            t.to_string(),
+            "https://tempo:4317/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+        );
+        // The base URL is taken as it is for gRPC: no `/v1/traces` added.
+        let base = env(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4317"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+        ]);
+        let s = resolve(None, &base).unwrap().expect("on");
+        assert_eq!(
+            s.traces_endpoint.unwrap().authority.as_str(),
+            "collector:4317"
+        );
+    }
+
+    #[test]
     fn disabled_wins_and_the_environment_can_undo_the_files_disabling() {
         let on = env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318")]);
         let off = env(&[
@@ -931,8 +983,12 @@ mod tests {
     fn bad_values_are_refused_naming_their_variable_or_field() {
         let cases: &[(&[(&str, &str)], &str)] = &[
             (
-                &[("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")],
-                "OTEL_EXPORTER_OTLP_PROTOCOL: grpc is not supported",
+                &[("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")],
+                "OTEL_EXPORTER_OTLP_PROTOCOL: http/json is not supported",
+            ),
+            (
+                &[("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "thrift")],
+                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL: `thrift` is not one of http/protobuf or grpc",
             ),
             (
                 &[("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4318")],
@@ -1006,8 +1062,8 @@ mod tests {
             assert!(err.contains(expected), "{err:?} should say {expected:?}");
             assert!(!err.contains('\n'));
         }
-        let file = section("protocol: grpc\n");
-        let err = resolve(Some(&file), &env(&[])).expect_err("grpc");
-        assert!(err.starts_with("otel.protocol: grpc"), "{err}");
+        let file = section("protocol: http/json\n");
+        let err = resolve(Some(&file), &env(&[])).expect_err("http/json");
+        assert!(err.starts_with("otel.protocol: http/json"), "{err}");
     }
 }

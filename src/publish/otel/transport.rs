@@ -1,7 +1,9 @@
-//! Sending one OTLP/HTTP protobuf body: http or https (rustls with the ring provider, Mozilla's
-//! roots compiled in plus the CAs of `OTEL_EXPORTER_OTLP_CERTIFICATE`, a client certificate
-//! for mutual TLS), gzip when asked, the signal's headers, and its timeout over the whole
-//! exchange. Each signal has its own client, since each may name its own TLS files.
+//! Sending one OTLP export: over HTTP/1.1 as OTLP/HTTP protobuf, or over HTTP/2 as OTLP/gRPC (a
+//! unary call: the message in one length-prefixed frame, the verdict in the `grpc-status`
+//! trailer); http or https (rustls with the ring provider, Mozilla's roots compiled in plus the
+//! CAs of `OTEL_EXPORTER_OTLP_CERTIFICATE`, a client certificate for mutual TLS), gzip when
+//! asked, the signal's headers, and its timeout over the whole exchange. Each signal has its own
+//! client, since each may name its own protocol and TLS files.
 
 use std::io::Write as _;
 use std::sync::Arc;
@@ -29,12 +31,19 @@ pub(super) fn client(endpoint: &Endpoint) -> Result<HttpClient, String> {
     let tls = tls_config(endpoint.certificate.as_ref(), endpoint.client.as_ref())?;
     let mut http = HttpConnector::new();
     http.enforce_http(false);
-    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+    let builder = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
-        .https_or_http()
-        .enable_http1()
-        .wrap_connector(http);
-    Ok(Client::builder(TokioExecutor::new()).build(connector))
+        .https_or_http();
+    if endpoint.grpc {
+        // gRPC is HTTP/2 only: ALPN `h2` over TLS, prior knowledge (h2c) over plain TCP.
+        let connector = builder.enable_http2().wrap_connector(http);
+        Ok(Client::builder(TokioExecutor::new())
+            .http2_only(true)
+            .build(connector))
+    } else {
+        let connector = builder.enable_http1().wrap_connector(http);
+        Ok(Client::builder(TokioExecutor::new()).build(connector))
+    }
 }
 
 fn tls_config(
@@ -83,10 +92,29 @@ fn problem(file: &PemFile, e: impl std::fmt::Display) -> String {
     format!("{}: {}: {e}", file.setting, file.path.display())
 }
 
-/// The body as it goes on the wire: gzip-compressed when the endpoint asks.
-pub(super) fn encode(endpoint: &Endpoint, body: Vec<u8>) -> Bytes {
-    match endpoint.compression {
-        Compression::None => Bytes::from(body),
+/// The body as it goes on the wire: gzip-compressed when the endpoint asks, and for gRPC in
+/// one length-prefixed message frame (a compressed flag byte, the length as four big-endian
+/// bytes).
+pub(super) fn encode(endpoint: &Endpoint, message: Vec<u8>) -> Bytes {
+    let body = compress(endpoint.compression, message);
+    if !endpoint.grpc {
+        return Bytes::from(body);
+    }
+    let Ok(len) = u32::try_from(body.len()) else {
+        // Past 4 GiB a frame cannot say its length; no export comes near (a batch is at most
+        // OTEL_BSP_MAX_EXPORT_BATCH_SIZE spans), and the collector refuses an empty frame.
+        return Bytes::new();
+    };
+    let mut framed = Vec::with_capacity(5 + body.len());
+    framed.push(u8::from(endpoint.compression == Compression::Gzip));
+    framed.extend_from_slice(&len.to_be_bytes());
+    framed.extend_from_slice(&body);
+    Bytes::from(framed)
+}
+
+fn compress(compression: Compression, body: Vec<u8>) -> Vec<u8> {
+    match compression {
+        Compression::None => body,
         Compression::Gzip => {
             // Fast level: a body is protobuf of a few KB to a few hundred KB, sent from a
             // thread that must keep up with the spans of every request.
@@ -96,7 +124,7 @@ pub(super) fn encode(endpoint: &Endpoint, body: Vec<u8>) -> Bytes {
             );
             // Writing to a Vec cannot fail.
             let _ = gz.write_all(&body);
-            Bytes::from(gz.finish().unwrap_or_default())
+            gz.finish().unwrap_or_default()
         }
     }
 }
@@ -107,10 +135,23 @@ pub(super) async fn post(
     endpoint: &Endpoint,
     body: Bytes,
 ) -> Result<(), String> {
-    let mut request = http::Request::post(endpoint.to_string())
-        .header(http::header::CONTENT_TYPE, "application/x-protobuf");
-    if endpoint.compression == Compression::Gzip {
-        request = request.header(http::header::CONTENT_ENCODING, "gzip");
+    let gzip = endpoint.compression == Compression::Gzip;
+    let mut request = http::Request::post(endpoint.to_string());
+    request = if endpoint.grpc {
+        request
+            .version(http::Version::HTTP_2)
+            .header(http::header::CONTENT_TYPE, "application/grpc")
+            .header(http::header::TE, "trailers")
+    } else {
+        request.header(http::header::CONTENT_TYPE, "application/x-protobuf")
+    };
+    if gzip {
+        let name = if endpoint.grpc {
+            "grpc-encoding"
+        } else {
+            "content-encoding"
+        };
+        request = request.header(name, "gzip");
     }
     for (name, value) in &endpoint.headers {
         request = request.header(name.as_str(), value.as_str());
@@ -119,14 +160,32 @@ pub(super) async fn post(
     let exchange = async {
         let response = client.request(request).await.map_err(|e| e.to_string())?;
         let status = response.status();
-        // Read the answer (bounded) so the connection can be reused.
-        let _ = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
-            .collect()
-            .await;
-        if status.is_success() {
-            Ok(())
-        } else {
-            Err(format!("the collector answered {status}"))
+        let (head, body) = response.into_parts();
+        // Read the answer (bounded) so the connection can be reused, and for gRPC its trailers.
+        let answer = Limited::new(body, MAX_ANSWER_BYTES).collect().await;
+        if !status.is_success() {
+            return Err(format!("the collector answered {status}"));
+        }
+        if !endpoint.grpc {
+            return Ok(());
+        }
+        // The verdict is the `grpc-status` trailer, or a header of a trailers-only answer.
+        let trailers = answer.ok().and_then(|a| a.trailers().cloned());
+        let field = |name: &str| {
+            trailers
+                .as_ref()
+                .and_then(|t| t.get(name))
+                .or_else(|| head.headers.get(name))
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        match field("grpc-status").as_deref() {
+            Some("0") => Ok(()),
+            Some(code) => Err(format!(
+                "the collector answered grpc-status {code}: {}",
+                field("grpc-message").unwrap_or_default()
+            )),
+            None => Err("the collector's answer has no grpc-status".into()),
         }
     };
     match tokio::time::timeout(endpoint.timeout, exchange).await {
