@@ -364,6 +364,9 @@ fn flag(name: &str) -> bool {
 /// Everything measured.
 struct Measured {
     single: Vec<SingleUser>,
+    /// tokenmeter's one-user requests in the phase it shares with the OTLP way, alternating
+    /// with it request by request (empty without the OTLP way).
+    single_otlp_off: SingleUser,
     single_others: Option<(u64, u64)>,
     levels: Vec<Level>,
     perf: Vec<String>,
@@ -387,14 +390,17 @@ async fn run(
         .chain(ways.iter().filter_map(|w| w.pid))
         .collect();
     let reading = || procfs::machine_ticks().zip(procfs::ticks_of(&ours));
+    let index = |name: &str| ways.iter().position(|w| w.name == name);
+    let paired = index("tokenmeter").zip(index(OTLP_WAY));
     eprintln!(
         "overhead bench: 1 user, {} + {} requests per way, alternating",
         params.single_warmup, params.single_samples
     );
     let before = reading();
-    let single = load::single_user(
+    let (single, single_otlp_off) = load::single_user(
         ways,
         compared,
+        paired,
         &params.single,
         params.single_warmup,
         params.single_samples,
@@ -445,6 +451,7 @@ async fn run(
     }
     Measured {
         single,
+        single_otlp_off,
         single_others,
         levels,
         perf,
@@ -949,7 +956,7 @@ fn print_report(params: &Params, measured: &Measured, context: &Context) {
     );
     println!("- tokenmeter: this source's binary as `cargo build --release` builds it (not `cargo bench`'s, which carries tokio's test-util), on its embedded defaults (metrics and the live view on, no access log) with `--workers 1`: one event loop, as nginx has one worker; `{DEFAULT_WORKERS_WAY}`: the same on its default worker count (one per CPU: {cores} here), each worker its own event loop on its own thread");
     if params.otlp {
-        println!("- `{OTLP_WAY}`: the same binary with `--workers 1` and OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:PORT (a sink in this process that decodes every body with opentelemetry-proto and discards it; its CPU is the bench's), OTEL_TRACES_SAMPLER=always_on (a span for every request), OTEL_METRIC_EXPORT_INTERVAL=1000 (metrics exported every second, within every round), the span queue and batch on the SDK's defaults; at one user it runs in the second phase, after direct");
+        println!("- `{OTLP_WAY}`: the same binary with `--workers 1` and OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:PORT (a sink in this process that decodes every body with opentelemetry-proto and discards it; its CPU is the bench's), OTEL_TRACES_SAMPLER=always_on (a span for every request), OTEL_METRIC_EXPORT_INTERVAL=1000 (metrics exported every second, within every round), the span queue and batch on the SDK's defaults; at one user it runs in a third phase with direct and tokenmeter, the three alternating request by request (direct first, the other two in either order in turn), and its TTFT is compared with tokenmeter's in that phase");
     }
     if params.pin {
         println!("- PINNED (TOKENMETER_BENCH_PIN): the load generator and the mock on CPU 0, the proxies on CPU 1; not issue 12's setup{}", if params.quick { "; QUICK run" } else { "" });
@@ -1092,6 +1099,17 @@ fn print_targets(
 fn print_otlp(measured: &Measured, context: &Context, t: usize, o: usize) {
     println!();
     println!("OTLP on (issue 39; reported, not enforced): `{OTLP_WAY}` against `tokenmeter` (OTLP off), both one worker:");
+    // One user: the two alternated request by request in a phase of their own (with direct).
+    let (on, off) = (&measured.single[o], &measured.single_otlp_off);
+    for (p, name) in [(50.0, "p50"), (99.0, "p99")] {
+        let (a, b) = (percentile(&on.ttft_ns, p), percentile(&off.ttft_ns, p));
+        println!(
+            "- TTFT {name} at one user, alternating request by request: off {}, on {}, on − off {}",
+            or_na(b.map(human)),
+            or_na(a.map(human)),
+            or_na(a.zip(b).map(|(a, b)| format!("{:+.0} µs", (a - b) / 1e3))),
+        );
+    }
     for level in &measured.levels {
         let (off, on) = (
             level.ways[t].proxy_cpu_per_1000(),

@@ -229,19 +229,32 @@ pub(crate) struct SingleUser {
 /// of its own, where it cannot warm the caches for tokenmeter's next request. (Until this round
 /// the ways rotated alike in one phase: tokenmeter came right after nginx in three rounds of
 /// four, nginx right after direct in three of four, and the per-CPU way right after tokenmeter.)
+///
+/// `paired`, `(a, b)`: way `b` (tokenmeter with OTLP export) leaves the second phase for a third
+/// of its own with direct and way `a` (the same binary without it), alternating request by
+/// request in every order, so the two are compared under the same conditions; `a`'s requests
+/// there are returned apart (the second value), `b`'s are its figures.
 pub(crate) async fn single_user(
     ways: &[Arc<Way>],
     compared: usize,
+    paired: Option<(usize, usize)>,
     workload: &Workload,
     warmup: usize,
     samples: usize,
     epoch: Instant,
-) -> Vec<SingleUser> {
+) -> (Vec<SingleUser>, SingleUser) {
     let mut out: Vec<SingleUser> = ways.iter().map(|_| SingleUser::default()).collect();
+    let mut paired_off = SingleUser::default();
     let compared = compared.clamp(1, ways.len());
     let compared_phase: Vec<usize> = (0..compared).collect();
-    let others_phase: Vec<usize> = std::iter::once(0).chain(compared..ways.len()).collect();
-    for (phase, members) in [compared_phase, others_phase].iter().enumerate() {
+    let others_phase: Vec<usize> = std::iter::once(0)
+        .chain((compared..ways.len()).filter(|&i| paired.is_none_or(|(_, b)| i != b)))
+        .collect();
+    let paired_phase: Vec<usize> = paired.map_or_else(Vec::new, |(a, b)| vec![0, a, b]);
+    for (phase, members) in [compared_phase, others_phase, paired_phase]
+        .iter()
+        .enumerate()
+    {
         if members.len() < 2 && phase > 0 {
             continue;
         }
@@ -252,7 +265,11 @@ pub(crate) async fn single_user(
                 if round < warmup || (phase > 0 && i == 0) {
                     continue;
                 }
-                let tally = &mut out[i];
+                let tally = if phase == 2 && paired.is_some_and(|(a, _)| a == i) {
+                    &mut paired_off
+                } else {
+                    &mut out[i]
+                };
                 match result {
                     Ok(seen) => {
                         let first = seen.event_ns.first().copied().unwrap_or(0);
@@ -268,7 +285,7 @@ pub(crate) async fn single_user(
             }
         }
     }
-    out
+    (out, paired_off)
 }
 
 /// The order of one round's `ways` requests: the first (direct) opens it, and the others follow
