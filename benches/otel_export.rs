@@ -5,8 +5,8 @@
 //! OTLP/HTTP protobuf.
 //!
 //! `cargo bench --bench otel_export` (options after `--`: `--n N` requests per run, default
-//! 20,000; `--rounds R`, default 3; `--rates 2000,0` requests per second, 0 for as fast as the
-//! calling thread goes). Each run is a fresh child process (this binary again, `--child`), so
+//! 20,000; `--rounds R`, default 3; `--rates 2000,10000,0` requests per second, 0 for as fast as
+//! the calling thread goes). Each run is a fresh child process (this binary again, `--child`), so
 //! the pipelines share no state, allocator or threads; the runs alternate pipelines in each
 //! round. A third pipeline, `off`, runs the same loop and sends nothing: what the loop itself
 //! costs, subtracted in the table's "over off" columns. Both pipelines export to one OTLP/HTTP
@@ -14,10 +14,13 @@
 //! its CPU time is not charged to the pipelines.
 //!
 //! Per run the child reports: CPU of the calling thread (the request path: what
-//! `/proc/thread-self/schedstat` counts while it feeds the requests), CPU of the whole process
-//! from the first request until export has finished and the pipeline has stopped (user+system,
-//! `/proc/self/stat`, 10 ms ticks, threads that exited included), peak RSS (`VmHWM`), and the
-//! exporter's own counts where it has them. The sink counts the spans delivered.
+//! `/proc/thread-self/schedstat` counts while it feeds the requests); CPU of the whole process
+//! from the first request until both pipelines' own timers have exported everything (6.5 s
+//! after the last request: the 5 s span schedule delay and a metrics export), summed over the
+//! threads' own accounts (`/proc/self/task/*/schedstat`, nanoseconds, every thread alive); the
+//! same through the pipeline's stop, from `/proc/self/stat` (10 ms ticks, exited threads
+//! included) as a cross-check; peak RSS (`VmHWM`); and the exporter's own counts where it has
+//! them. The sink counts the spans delivered.
 
 #[path = "otel_export/sdk.rs"]
 mod sdk;
@@ -36,6 +39,9 @@ use tokio::time::Instant;
 use tokenmeter::otel_bench::{BenchExporter, BenchRequest};
 use tokenmeter::Dialect;
 
+/// After the last request, how long the pipelines are left to export on their own timers
+/// before the process is read: the 5 s schedule delay of spans, and a metrics export.
+const SETTLE: Duration = Duration::from_millis(6500);
 /// Distinct synthetic requests; a run cycles through them.
 const TEMPLATES: usize = 1000;
 const PIPELINES: [&str; 3] = ["off", "tokenmeter", "sdk"];
@@ -73,8 +79,13 @@ struct Run {
     n: u64,
     /// Calling thread CPU over the loop, ns.
     calling_ns: u64,
-    /// Process CPU from the first request until the pipeline stopped, ns (tick resolution).
+    /// Process CPU from the first request until the pipelines' timers exported everything, every
+    /// thread's own account, ns.
     process_ns: u64,
+    /// Process CPU from the first request until the pipeline stopped, ns (tick resolution).
+    ticks_ns: u64,
+    /// No thread exited during the `process_ns` window.
+    same_threads: bool,
     wall_ms: u64,
     hwm_kib: u64,
     /// Spans the exporter counted as dropped (tokenmeter only: the SDK has no such count).
@@ -96,7 +107,7 @@ fn parent(args: &[String]) -> Result<(), String> {
     let n: u64 = option(args, "--n").unwrap_or(20_000);
     let rounds: usize = option(args, "--rounds").unwrap_or(3);
     let rates: Vec<u64> = option::<String>(args, "--rates")
-        .unwrap_or_else(|| "2000,0".into())
+        .unwrap_or_else(|| "2000,10000,0".into())
         .split(',')
         .map(|r| r.trim().parse().map_err(|_| format!("bad rate `{r}`")))
         .collect::<Result<_, _>>()?;
@@ -205,6 +216,8 @@ fn parse_run(stdout: &str) -> Result<Run, String> {
             "n" => run.n = num()?,
             "calling_ns" => run.calling_ns = num()?,
             "process_ns" => run.process_ns = num()?,
+            "ticks_ns" => run.ticks_ns = num()?,
+            "same_threads" => run.same_threads = v == "true",
             "wall_ms" => run.wall_ms = num()?,
             "hwm_kib" => run.hwm_kib = num()?,
             "dropped" => run.dropped = v.parse().ok(),
@@ -253,7 +266,7 @@ fn report(runs: &[Run], rates: &[u64], rounds: usize, shapes: &[(String, String)
         let _ = writeln!(out, "### {label}\n");
         let _ = writeln!(
             out,
-            "| pipeline | calling thread µs/req | over off | process µs/req | over off | spans delivered / sent | dropped (counted) | metric exports | peak RSS MiB | wall s |"
+            "| pipeline | calling thread µs/req | over off | process µs/req | over off | process incl. stop (ticks) over off | spans delivered / sent | dropped, counted: spans; requests | peak RSS MiB | feed s |"
         );
         let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|");
         let of = |p: &str| -> Vec<&Run> {
@@ -280,36 +293,39 @@ fn report(runs: &[Run], rates: &[u64], rounds: usize, shapes: &[(String, String)
             let process = per(&|r| r.process_ns);
             let delivered = stats(rs.iter().map(|r| r.delivered as f64).collect());
             let dropped = match rs[0].dropped {
-                Some(_) => fmt_stat(
-                    stats(rs.iter().map(|r| r.dropped.unwrap_or(0) as f64).collect()),
-                    0,
+                Some(_) => format!(
+                    "{}; {}",
+                    fmt_stat(
+                        stats(rs.iter().map(|r| r.dropped.unwrap_or(0) as f64).collect()),
+                        0
+                    ),
+                    fmt_stat(
+                        stats(
+                            rs.iter()
+                                .map(|r| r.dropped_requests.unwrap_or(0) as f64)
+                                .collect()
+                        ),
+                        0
+                    ),
                 ),
                 None if pipeline == "off" => "–".into(),
                 None => "no count".into(),
             };
-            let exports = stats(rs.iter().map(|r| r.metric_exports as f64).collect());
             let rss = stats(rs.iter().map(|r| r.hwm_kib as f64 / 1024.0).collect());
             let wall = stats(rs.iter().map(|r| r.wall_ms as f64 / 1e3).collect());
+            let dash = |v: String| if pipeline == "off" { "–".into() } else { v };
             let _ = writeln!(
                 out,
-                "| {pipeline} | {} | {} | {} | {} | {} / {} | {dropped} | {} | {} | {} |",
+                "| {pipeline} | {} | {} | {} | {} | {} | {} / {} | {dropped} | {} | {} |",
                 fmt_stat(stats(calling), 2),
-                if pipeline == "off" {
-                    "–".into()
-                } else {
-                    fmt_stat(stats(over(&|r| r.calling_ns)), 2)
-                },
+                dash(fmt_stat(stats(over(&|r| r.calling_ns)), 2)),
                 fmt_stat(stats(process), 2),
-                if pipeline == "off" {
-                    "–".into()
-                } else {
-                    fmt_stat(stats(over(&|r| r.process_ns)), 2)
-                },
+                dash(fmt_stat(stats(over(&|r| r.process_ns)), 2)),
+                dash(fmt_stat(stats(over(&|r| r.ticks_ns)), 1)),
                 fmt_stat(delivered, 0),
                 rs[0].n,
-                fmt_stat(exports, 0),
                 fmt_stat(rss, 1),
-                fmt_stat(wall, 1),
+                fmt_stat(wall, 2),
             );
         }
         let _ = writeln!(out);
@@ -323,9 +339,11 @@ fn report(runs: &[Run], rates: &[u64], rounds: usize, shapes: &[(String, String)
         let bytes: u64 = rs.iter().map(|r| r.bytes).sum();
         let rejected: u64 = rs.iter().map(|r| r.rejected).sum();
         let late = rs.iter().filter(|r| !r.closed_in_time).count();
+        let exited = rs.iter().filter(|r| !r.same_threads).count();
+        let exports: u64 = rs.iter().map(|r| r.metric_exports).sum();
         let _ = writeln!(
             out,
-            "- {pipeline}: {:.2} attributes and {:.2} events per span, {:.0} bytes sent per span delivered (both signals), {rejected} bodies rejected, {late} runs not closed in time; last metrics export: {}",
+            "- {pipeline}: {:.2} attributes and {:.2} events per span, {:.0} bytes sent per span delivered (both signals), {rejected} bodies rejected, {late} runs not closed in time, {exited} runs where a thread exited while measured, {exports} metric exports in all; last metrics export: {}",
             attributes as f64 / spans.max(1) as f64,
             events as f64 / spans.max(1) as f64,
             bytes as f64 / spans.max(1) as f64,
@@ -362,7 +380,8 @@ fn child(args: &[String]) -> Result<(), String> {
     };
     // Let the pipeline's threads start before the clock does.
     std::thread::sleep(Duration::from_millis(200));
-    let process0 = process_ticks()?;
+    let ticks0 = process_ticks()?;
+    let threads0 = process_threads_ns()?;
     let calling0 = thread_ns()?;
     let wall0 = Instant::now();
     let gap = (rate > 0).then(|| Duration::from_secs_f64(1.0 / rate as f64));
@@ -386,6 +405,13 @@ fn child(args: &[String]) -> Result<(), String> {
         }
     }
     let calling_ns = thread_ns()? - calling0;
+    let wall_ms = wall0.elapsed().as_millis() as u64;
+    // Both pipelines export what is pending on their own timers (spans within the 5 s schedule
+    // delay, metrics every second): the process is read after that, with every thread still
+    // alive, so that each thread's own account (nanoseconds) covers all the export work.
+    std::thread::sleep(SETTLE);
+    let threads1 = process_threads_ns()?;
+    let (same_threads, process_ns) = threads_delta(&threads0, &threads1);
     let (closed, dropped, dropped_requests) = match &p {
         Pipeline::Off => (true, None, None),
         Pipeline::Own(exporter) => {
@@ -395,12 +421,12 @@ fn child(args: &[String]) -> Result<(), String> {
         }
         Pipeline::Sdk(sdk) => (sdk.shutdown().is_ok(), None, None),
     };
-    let wall_ms = wall0.elapsed().as_millis() as u64;
-    let process_ns = (process_ticks()? - process0) * (1_000_000_000 / clock_ticks());
+    // The whole run, stop included, threads that exited included, at clock-tick resolution.
+    let ticks_ns = (process_ticks()? - ticks0) * (1_000_000_000 / clock_ticks());
     let hwm_kib = peak_rss_kib()?;
     let opt = |v: Option<u64>| v.map_or("none".to_string(), |v| v.to_string());
     println!(
-        "RESULT pipeline={pipeline} rate={rate} n={n} calling_ns={calling_ns} process_ns={process_ns} wall_ms={wall_ms} hwm_kib={hwm_kib} dropped={} dropped_requests={} closed={closed}",
+        "RESULT pipeline={pipeline} rate={rate} n={n} calling_ns={calling_ns} process_ns={process_ns} ticks_ns={ticks_ns} same_threads={same_threads} wall_ms={wall_ms} hwm_kib={hwm_kib} dropped={} dropped_requests={} closed={closed}",
         opt(dropped),
         opt(dropped_requests),
     );
@@ -541,6 +567,43 @@ fn process_ticks() -> Result<u64, String> {
             .ok_or_else(|| "bad /proc/self/stat".to_string())
     };
     Ok(next()? + next()?)
+}
+
+/// Nanoseconds each of this process's threads has run, by thread id.
+fn process_threads_ns() -> Result<Vec<(u32, u64)>, String> {
+    let mut threads = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").map_err(|e| e.to_string())? {
+        let task = task.map_err(|e| e.to_string())?;
+        let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else {
+            continue;
+        };
+        // A thread that exits between the listing and the read is left out.
+        let Ok(stat) = std::fs::read_to_string(task.path().join("schedstat")) else {
+            continue;
+        };
+        if let Some(ns) = stat.split_whitespace().next().and_then(|v| v.parse().ok()) {
+            threads.push((tid, ns));
+        }
+    }
+    threads.sort_unstable();
+    Ok(threads)
+}
+
+/// CPU between two readings: each thread's time now less its time before (a thread born in
+/// between counts whole). Whether every thread of the first reading is still there: if one
+/// exited, its time is missing and the tick figure is the one to trust.
+fn threads_delta(before: &[(u32, u64)], after: &[(u32, u64)]) -> (bool, u64) {
+    let same = before
+        .iter()
+        .all(|(tid, _)| after.iter().any(|(t, _)| t == tid));
+    let ns = after
+        .iter()
+        .map(|(tid, ns)| {
+            let was = before.iter().find(|(t, _)| t == tid).map_or(0, |(_, n)| *n);
+            ns.saturating_sub(was)
+        })
+        .sum();
+    (same, ns)
 }
 
 /// Nanoseconds the calling thread has run, as the scheduler counts them.
