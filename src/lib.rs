@@ -43,5 +43,9 @@ pub use proxy::{accept, start, Overrides, Reloaded, Running, StartError};
 /// the same accuracy (crate-internal: not part of the public API).
 pub(crate) use publish::live::sketch;
 pub use publish::live::PAGE as LIVE_PAGE;
+/// The OpenTelemetry exporter started and fed from plain values, for `benches/otel_export.rs`
+/// (not part of the public API).
+#[doc(hidden)]
+pub use publish::otel::bench_hook as otel_bench;
 /// The per-request record's columns, in order (the CSV header).
 pub use publish::record::COLUMNS as RECORD_COLUMNS;

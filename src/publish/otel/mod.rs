@@ -13,6 +13,7 @@
 //! Names, units and attributes are those of [`semconv`]; the proto messages are the official
 //! definitions (`opentelemetry-proto`).
 
+pub mod bench_hook;
 mod histogram;
 pub(crate) mod semconv;
 mod transport;
