@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime};
 use prometheus::Registry;
 
 use super::{start, Finished, OtelSink};
-use crate::config::{Endpoint, HistogramAggregation, Identity, OtelSettings, Sampler, Upstream};
+use crate::config::{resolve_otel, Identity, Upstream};
 use crate::parse::{Dialect, TraceParent};
 use crate::publish::record::{Record, Timestamp};
 
@@ -82,28 +82,24 @@ impl BenchExporter {
     /// delay 5 s), exponential histograms, metrics every `metric_interval` to
     /// `http://{collector}/v1/metrics` and every span kept (`always_on`) to `/v1/traces`.
     pub fn start(collector: SocketAddr, metric_interval: Duration) -> std::io::Result<Self> {
-        let authority: http::uri::Authority = collector
-            .to_string()
-            .parse()
-            .map_err(|e| std::io::Error::other(format!("{e}")))?;
-        let endpoint = |path: &'static str| Endpoint {
-            authority: authority.clone(),
-            path: http::uri::PathAndQuery::from_static(path),
+        // Resolved as the proxy resolves the variables, so the bench measures the settings a
+        // user gets (the specification's defaults for everything not named here).
+        let vars = [
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{collector}")),
+            ("OTEL_TRACES_SAMPLER", "always_on".to_string()),
+            (
+                "OTEL_METRIC_EXPORT_INTERVAL",
+                metric_interval.as_millis().max(1).to_string(),
+            ),
+        ];
+        let env = |name: &str| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.clone())
         };
-        let settings = OtelSettings {
-            metrics_endpoint: Some(endpoint("/v1/metrics")),
-            traces_endpoint: Some(endpoint("/v1/traces")),
-            headers: Vec::new(),
-            timeout: Duration::from_secs(10),
-            resource: vec![("service.name".into(), "tokenmeter".into())],
-            metric_export_interval: metric_interval,
-            histogram: HistogramAggregation::Exponential,
-            sampler: Sampler::AlwaysOn,
-            // The SDK specification's defaults, as `otel` resolves them when nothing is set.
-            schedule_delay: Duration::from_secs(5),
-            max_queue_size: 2048,
-            max_export_batch_size: 512,
-        };
+        let settings = resolve_otel(None, &env)
+            .map_err(std::io::Error::other)?
+            .ok_or_else(|| std::io::Error::other("export is off"))?;
         let upstream = Upstream::parse("http://127.0.0.1:8000").map_err(std::io::Error::other)?;
         let sink = start(settings, &upstream, &Identity::default(), &Registry::new())?;
         Ok(BenchExporter { sink })
