@@ -415,7 +415,7 @@ impl Exporter {
                     // on the proxy's cores per request), let the next ones gather for a while
                     // and take them together; back to waiting once a turn finds none.
                     loop {
-                        tokio::time::sleep_until((Instant::now() + GATHER).min(timers.due())).await;
+                        self.gather(&mut timers).await;
                         self.on_time(&mut timers);
                         let mut took = 0;
                         while let Ok(message) = rx.try_recv() {
@@ -430,6 +430,29 @@ impl Exporter {
                     }
                 }
                 _ = tokio::time::sleep_until(timers.due()) => self.on_time(&mut timers),
+            }
+        }
+    }
+
+    /// Waits out one turn of [`GATHER`]. Meanwhile a span export that ends while a full batch
+    /// waits starts the next one at once, so exports run back to back however the requests
+    /// arrive: waiting for the next turn instead would cap export at one batch a turn.
+    async fn gather(&mut self, timers: &mut Timers) {
+        let turn = (Instant::now() + GATHER).min(timers.due());
+        loop {
+            let backlog = self.pending.len() >= self.settings.max_export_batch_size;
+            let in_flight = timers.spans_export.as_mut().filter(|_| backlog);
+            match in_flight {
+                Some(export) => {
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(turn) => return,
+                        _ = export => timers.spans_export = self.export_spans(),
+                    }
+                }
+                None => {
+                    tokio::time::sleep_until(turn).await;
+                    return;
+                }
             }
         }
     }
