@@ -10,7 +10,7 @@
 //! the pipelines share no state, allocator or threads; the runs alternate pipelines in each
 //! round. A third pipeline, `off`, runs the same loop and sends nothing: what the loop itself
 //! costs, subtracted in the table's "over off" columns. Both pipelines export to one OTLP/HTTP
-//! sink in the parent process (`otel_export/sink.rs`), which decodes every body and discards it;
+//! sink in the parent process (`common/otlp_sink.rs`), which decodes every body and discards it;
 //! its CPU time is not charged to the pipelines.
 //!
 //! Per run the child reports: CPU of the calling thread (the request path: what
@@ -24,7 +24,7 @@
 
 #[path = "otel_export/sdk.rs"]
 mod sdk;
-#[path = "otel_export/sink.rs"]
+#[path = "common/otlp_sink.rs"]
 mod sink;
 
 use std::fmt::Write as _;
@@ -116,7 +116,7 @@ fn parent(args: &[String]) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
-    let (addr, tally) = runtime.block_on(sink::start())?;
+    let sink::Sink { addr, tally } = runtime.block_on(sink::start())?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     eprintln!(
         "otel_export: {n} requests per run, {rounds} rounds, rates {rates:?} (0: as fast as possible), sink {addr}"

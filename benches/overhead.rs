@@ -38,7 +38,7 @@
 
 #[path = "overhead/load.rs"]
 mod load;
-#[path = "overhead/otlp_sink.rs"]
+#[path = "common/otlp_sink.rs"]
 mod otlp_sink;
 #[path = "overhead/processes.rs"]
 mod processes;
@@ -122,7 +122,7 @@ fn main() -> ExitCode {
         Err(e) => return fail(&e),
     };
     let sink = if params.otlp {
-        match runtime.block_on(otlp_sink::Sink::start()) {
+        match runtime.block_on(otlp_sink::start()) {
             Ok(sink) => Some(sink),
             Err(e) => return fail(&e),
         }

@@ -1,9 +1,11 @@
-//! The OTLP/HTTP receiver both pipelines export to: a hyper server on 127.0.0.1:0 in the bench's
-//! parent process (so its CPU time is never charged to a pipeline) that decodes every body with
-//! the official protobuf definitions (`opentelemetry-proto`) and discards it, answering 200 with
-//! an empty export response. Beside the counts it keeps the shape of what it decoded (each
-//! metric's name, kind and points in the latest export; attributes and events per span), so the
-//! report can show that both pipelines sent the same thing.
+//! The OTLP/HTTP receiver the benches export to (`overhead`'s `tokenmeter+otlp` way, both of
+//! `otel_export`'s pipelines): a hyper server on 127.0.0.1:0 in the bench's own process, so its
+//! CPU time is never charged to what is measured (as with a Collector on another machine), that
+//! decodes every body with the official protobuf definitions (`opentelemetry-proto`) and
+//! discards it, answering 200 with an empty export response (an empty protobuf message is zero
+//! bytes). Beside the counts it keeps the shape of what it decoded (each metric's name, kind and
+//! points in the latest export; attributes and events per span), so a report can show that two
+//! pipelines sent the same thing.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -27,6 +29,8 @@ use tokio::net::TcpListener;
 pub(crate) struct Tally {
     pub(crate) spans: AtomicU64,
     pub(crate) trace_exports: AtomicU64,
+    /// Data points over every metrics export decoded.
+    pub(crate) data_points: AtomicU64,
     pub(crate) metric_exports: AtomicU64,
     pub(crate) bytes: AtomicU64,
     /// Bodies that did not decode, or came to another path: answered 400.
@@ -38,8 +42,13 @@ pub(crate) struct Tally {
     pub(crate) last_metrics: Mutex<BTreeMap<String, (&'static str, usize)>>,
 }
 
+pub(crate) struct Sink {
+    pub(crate) addr: SocketAddr,
+    pub(crate) tally: Arc<Tally>,
+}
+
 /// Listens on 127.0.0.1:0 and serves until the runtime ends.
-pub(crate) async fn start() -> Result<(SocketAddr, Arc<Tally>), String> {
+pub(crate) async fn start() -> Result<Sink, String> {
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
         .map_err(|e| format!("OTLP sink: cannot bind: {e}"))?;
@@ -63,7 +72,7 @@ pub(crate) async fn start() -> Result<(SocketAddr, Arc<Tally>), String> {
             });
         }
     });
-    Ok((addr, tally))
+    Ok(Sink { addr, tally })
 }
 
 async fn answer(
@@ -98,6 +107,7 @@ async fn answer(
         "/v1/metrics" => ExportMetricsServiceRequest::decode(body)
             .map(|export| {
                 let mut shape = BTreeMap::new();
+                let mut all_points = 0u64;
                 let metrics = export
                     .resource_metrics
                     .iter()
@@ -114,8 +124,10 @@ async fn answer(
                         Some(Data::Summary(s)) => ("summary", s.data_points.len()),
                         None => ("none", 0),
                     };
+                    all_points += points as u64;
                     shape.insert(m.name.clone(), (kind, points));
                 }
+                tally.data_points.fetch_add(all_points, Ordering::Relaxed);
                 *tally.last_metrics.lock().unwrap_or_else(|p| p.into_inner()) = shape;
                 tally.metric_exports.fetch_add(1, Ordering::Relaxed);
             })
