@@ -79,12 +79,7 @@ impl Receiver {
                             let encoding = header("content-encoding").unwrap_or_default();
                             let body = req.into_body().collect().await?.to_bytes();
                             let body = if encoding == "gzip" {
-                                use std::io::Read as _;
-                                let mut plain = Vec::new();
-                                flate2::read::GzDecoder::new(&body[..])
-                                    .read_to_end(&mut plain)
-                                    .expect("a gzip body");
-                                Bytes::from(plain)
+                                gunzip(&body)
                             } else {
                                 body
                             };
@@ -96,19 +91,8 @@ impl Receiver {
                             }
                             if status == 200 {
                                 match path.as_str() {
-                                    "/v1/metrics" => r.metrics.lock().unwrap().push(
-                                        ExportMetricsServiceRequest::decode(body)
-                                            .expect("OTLP metrics"),
-                                    ),
-                                    "/v1/traces" => {
-                                        let request = ExportTraceServiceRequest::decode(body)
-                                            .expect("OTLP traces");
-                                        for rs in request.resource_spans {
-                                            for ss in rs.scope_spans {
-                                                r.spans.lock().unwrap().extend(ss.spans);
-                                            }
-                                        }
-                                    }
+                                    "/v1/metrics" => r.keep_metrics(body),
+                                    "/v1/traces" => r.keep_traces(body),
                                     other => panic!("unexpected path {other}"),
                                 }
                             }
@@ -139,6 +123,23 @@ impl Receiver {
             }
         });
         (receiver, addr)
+    }
+
+    /// Keeps a decoded metrics export, whole.
+    fn keep_metrics(&self, message: Bytes) {
+        let export = ExportMetricsServiceRequest::decode(message).expect("OTLP metrics");
+        self.metrics.lock().unwrap().push(export);
+    }
+
+    /// Keeps the spans of a decoded trace export.
+    fn keep_traces(&self, message: Bytes) {
+        let export = ExportTraceServiceRequest::decode(message).expect("OTLP traces");
+        let mut spans = self.spans.lock().unwrap();
+        for rs in export.resource_spans {
+            for ss in rs.scope_spans {
+                spans.extend(ss.spans);
+            }
+        }
     }
 
     fn spans(&self) -> Vec<Span> {
@@ -809,6 +810,16 @@ async fn https_with_mutual_tls_and_gzip_reaches_the_collector_and_a_wrong_setup_
     assert!(!err.contains('\n'), "{err}");
 }
 
+/// A gzip member's content (`Content-Encoding: gzip` bodies, compressed gRPC messages).
+fn gunzip(compressed: &[u8]) -> Bytes {
+    use std::io::Read as _;
+    let mut plain = Vec::new();
+    flate2::read::GzDecoder::new(compressed)
+        .read_to_end(&mut plain)
+        .expect("gzip data");
+    Bytes::from(plain)
+}
+
 /// An OTLP/gRPC collector of the tests' own (HTTP/2, over TLS with ALPN `h2` when `tls` is
 /// given): unframes each message (gunzipping a compressed one), keeps what it decodes when it
 /// answers `grpc-status` 0, and answers `code` in the trailers.
@@ -844,13 +855,8 @@ async fn grpc_receiver(
                             (body[0], u32::from_be_bytes(body[1..5].try_into().unwrap()));
                         assert_eq!(len as usize, body.len() - 5, "one whole frame");
                         let message = if flag == 1 {
-                            use std::io::Read as _;
                             assert_eq!(encoding, "gzip");
-                            let mut plain = Vec::new();
-                            flate2::read::GzDecoder::new(&body[5..])
-                                .read_to_end(&mut plain)
-                                .expect("a gzip message");
-                            Bytes::from(plain)
+                            gunzip(&body[5..])
                         } else {
                             body.slice(5..)
                         };
@@ -858,19 +864,10 @@ async fn grpc_receiver(
                         if code == "0" {
                             match path.as_str() {
                                 "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export" => {
-                                    r.metrics.lock().unwrap().push(
-                                        ExportMetricsServiceRequest::decode(message)
-                                            .expect("OTLP metrics"),
-                                    )
+                                    r.keep_metrics(message)
                                 }
                                 "/opentelemetry.proto.collector.trace.v1.TraceService/Export" => {
-                                    let request = ExportTraceServiceRequest::decode(message)
-                                        .expect("OTLP traces");
-                                    for rs in request.resource_spans {
-                                        for ss in rs.scope_spans {
-                                            r.spans.lock().unwrap().extend(ss.spans);
-                                        }
-                                    }
+                                    r.keep_traces(message)
                                 }
                                 other => panic!("unexpected method {other}"),
                             }
