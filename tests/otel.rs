@@ -192,6 +192,22 @@ fn stream_script() -> Script {
     )
 }
 
+/// One streamed chat request through `proxy`: whatever the collector does, the client gets it
+/// whole (200, every byte up to `[DONE]`, no body error).
+async fn chat(proxy: &TestProxy, model: &str) {
+    let r = send(
+        &proxy.url("/v1/chat/completions"),
+        "POST",
+        &chat_request(model),
+        &[("content-type", "application/json")],
+        false,
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert!(r.body_error.is_none());
+    assert!(String::from_utf8_lossy(&r.bytes()).ends_with("data: [DONE]\n\n"));
+}
+
 fn attr<'a>(attributes: &'a [KeyValue], key: &str) -> Option<&'a any_value::Value> {
     attributes
         .iter()
@@ -566,17 +582,7 @@ async fn a_collector_refusing_down_or_hanging_costs_clients_nothing_and_holds_bo
         .await;
         let mut max_queued = 0.0f64;
         for _ in 0..30 {
-            let r = send(
-                &proxy.url("/v1/chat/completions"),
-                "POST",
-                &chat_request("m"),
-                &[("content-type", "application/json")],
-                false,
-            )
-            .await;
-            assert_eq!(r.status, 200, "{collector}");
-            assert!(r.body_error.is_none());
-            assert!(String::from_utf8_lossy(&r.bytes()).ends_with("data: [DONE]\n\n"));
+            chat(&proxy, "m").await;
             max_queued = max_queued.max(series(
                 &proxy.metrics(),
                 "tokenmeter_otel_queued{queue=\"spans\"}",
@@ -617,14 +623,7 @@ async fn what_is_queued_at_shutdown_is_exported_before_exit() {
     )
     .await;
     for _ in 0..2 {
-        send(
-            &proxy.url("/v1/chat/completions"),
-            "POST",
-            &chat_request("m"),
-            &[("content-type", "application/json")],
-            false,
-        )
-        .await;
+        chat(&proxy, "m").await;
     }
     proxy.records(2).await;
     assert!(receiver.spans().is_empty());
@@ -640,14 +639,7 @@ async fn what_is_queued_at_shutdown_is_exported_before_exit() {
 async fn without_otel_nothing_is_started_or_published() {
     let upstream = upstream(|_| stream_script()).await;
     let proxy = proxy(upstream.addr, |_| {}).await;
-    send(
-        &proxy.url("/v1/chat/completions"),
-        "POST",
-        &chat_request("m"),
-        &[("content-type", "application/json")],
-        false,
-    )
-    .await;
+    chat(&proxy, "m").await;
     proxy.records(1).await;
     assert!(!proxy.metrics().contains("tokenmeter_otel"));
 }
@@ -742,15 +734,7 @@ async fn https_with_mutual_tls_and_gzip_reaches_the_collector_and_a_wrong_setup_
     };
     let sending = proxy(upstream.addr, https(true)).await;
     for _ in 0..2 {
-        let r = send(
-            &sending.url("/v1/chat/completions"),
-            "POST",
-            &chat_request("llama-3"),
-            &[("content-type", "application/json")],
-            false,
-        )
-        .await;
-        assert_eq!(r.status, 200);
+        chat(&sending, "llama-3").await;
     }
     until("two spans over https", || receiver.spans().len() == 2).await;
     until("metrics over https", || {
@@ -770,16 +754,7 @@ async fn https_with_mutual_tls_and_gzip_reaches_the_collector_and_a_wrong_setup_
     let spans_before = receiver.spans().len();
     let refused = proxy(upstream.addr, https(false)).await;
     for _ in 0..2 {
-        let r = send(
-            &refused.url("/v1/chat/completions"),
-            "POST",
-            &chat_request("llama-3"),
-            &[("content-type", "application/json")],
-            false,
-        )
-        .await;
-        assert_eq!(r.status, 200);
-        assert!(r.body_error.is_none());
+        chat(&refused, "llama-3").await;
     }
     until("failed exports counted", || {
         series(&refused.metrics(), "tokenmeter_otel_export_errors_total") >= 2.0
@@ -952,15 +927,7 @@ async fn grpc_over_h2c_and_tls_reaches_the_collector_and_a_refusing_one_is_count
     for (receiver, setup, encoding) in cases {
         let sending = proxy(upstream.addr, setup).await;
         for _ in 0..2 {
-            let r = send(
-                &sending.url("/v1/chat/completions"),
-                "POST",
-                &chat_request("llama-3"),
-                &[("content-type", "application/json")],
-                false,
-            )
-            .await;
-            assert_eq!(r.status, 200);
+            chat(&sending, "llama-3").await;
         }
         until("two spans over gRPC", || receiver.spans().len() == 2).await;
         until("metrics over gRPC", || {
@@ -995,16 +962,7 @@ async fn grpc_over_h2c_and_tls_reaches_the_collector_and_a_refusing_one_is_count
     )
     .await;
     for _ in 0..2 {
-        let r = send(
-            &refused.url("/v1/chat/completions"),
-            "POST",
-            &chat_request("llama-3"),
-            &[("content-type", "application/json")],
-            false,
-        )
-        .await;
-        assert_eq!(r.status, 200);
-        assert!(r.body_error.is_none());
+        chat(&refused, "llama-3").await;
     }
     until("the refused spans counted as dropped", || {
         series(
