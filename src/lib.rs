@@ -49,3 +49,4 @@ pub use publish::live::PAGE as LIVE_PAGE;
 pub use publish::otel::bench_hook as otel_bench;
 /// The per-request record's columns, in order (the CSV header).
 pub use publish::record::COLUMNS as RECORD_COLUMNS;
+pub use publish::tls;

@@ -6,7 +6,6 @@
 //! client, since each may name its own protocol and TLS files.
 
 use std::io::Write as _;
-use std::sync::Arc;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -14,10 +13,11 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use rustls::{ClientConfig, RootCertStore};
+use rustls::pki_types::PrivateKeyDer;
+use rustls::ClientConfig;
 
 use crate::config::{Compression, Endpoint, PemFile};
+use crate::publish::tls;
 
 /// The most of a collector's answer that is read (a partial-success message at most).
 const MAX_ANSWER_BYTES: usize = 64 * 1024;
@@ -50,46 +50,31 @@ fn tls_config(
     certificate: Option<&PemFile>,
     client: Option<&(PemFile, PemFile)>,
 ) -> Result<ClientConfig, String> {
-    // ring, not aws-lc-rs: no cmake or large C build (as bench's client; see
-    // src/tools/bench/tls.rs).
-    #[allow(deprecated)]
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut roots = RootCertStore {
-        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-    };
-    if let Some(file) = certificate {
-        for cert in certificates(file)? {
-            roots.add(cert).map_err(|e| problem(file, e))?;
-        }
-    }
-    let builder = ClientConfig::builder_with_provider(provider)
+    let ca_label = certificate.map(label);
+    let roots = tls::roots(
+        certificate
+            .map(|f| f.path.as_path())
+            .zip(ca_label.as_deref()),
+    )?;
+    let builder = ClientConfig::builder_with_provider(tls::provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| format!("TLS: {e}"))?
         .with_root_certificates(roots);
     match client {
         None => Ok(builder.with_no_client_auth()),
         Some((chain, key)) => {
-            let der = PrivateKeyDer::from_pem_file(&key.path).map_err(|e| problem(key, e))?;
+            let der = PrivateKeyDer::from_pem_file(&key.path)
+                .map_err(|e| format!("{}: {e}", label(key)))?;
             builder
-                .with_client_auth_cert(certificates(chain)?, der)
-                .map_err(|e| problem(key, e))
+                .with_client_auth_cert(tls::certificates(&chain.path, &label(chain))?, der)
+                .map_err(|e| format!("{}: {e}", label(key)))
         }
     }
 }
 
-fn certificates(file: &PemFile) -> Result<Vec<CertificateDer<'static>>, String> {
-    let certs = CertificateDer::pem_file_iter(&file.path)
-        .map_err(|e| problem(file, e))?
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| problem(file, e))?;
-    if certs.is_empty() {
-        return Err(problem(file, "no PEM certificate in it"));
-    }
-    Ok(certs)
-}
-
-fn problem(file: &PemFile, e: impl std::fmt::Display) -> String {
-    format!("{}: {}: {e}", file.setting, file.path.display())
+/// How an error names a TLS file: its setting, then its path.
+fn label(file: &PemFile) -> String {
+    format!("{}: {}", file.setting, file.path.display())
 }
 
 /// The body as it goes on the wire: gzip-compressed when the endpoint asks, and for gRPC in
